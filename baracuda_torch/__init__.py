@@ -1,0 +1,18 @@
+"""baracuda_torch: bespoke CUDA kernels for PyTorch, as torch.ops.baracuda ops.
+
+Importing the package loads the compiled library (which registers every op
+in ``torch.ops.baracuda``) and the Python side of each family: the public
+functions, their fake kernels for torch.compile, and their autograd formulas.
+"""
+
+import torch  # noqa: F401  (must be loaded before the extension)
+
+from . import _C  # noqa: F401  (registers torch.ops.baracuda.*)
+from .write_slice import write_slice, write_slice_, write_slice_at_, write_slice_path
+
+__all__ = [
+    "write_slice",
+    "write_slice_",
+    "write_slice_at_",
+    "write_slice_path",
+]

@@ -1,0 +1,37 @@
+#include "common/torch_glue.h"
+
+#include <c10/util/Exception.h>
+
+namespace baracuda {
+
+void check_status(const KernelStatus& status, const char* op, const char* what) {
+  TORCH_CHECK(status.is_ok(), "baracuda::", op, ": ", what, " failed: ", status.detail);
+}
+
+#ifndef BARACUDA_WITH_CUDA
+void* current_cuda_stream(const at::Tensor& t) {
+  TORCH_CHECK(false, "baracuda was built without CUDA kernels, but got a tensor on ",
+              t.device());
+  return nullptr;
+}
+#endif  // otherwise defined in cuda_stream.cpp, which needs the CUDA headers
+
+StorageSpan storage_span(int64_t storage_offset, at::IntArrayRef sizes,
+                         at::IntArrayRef strides) {
+  StorageSpan span{storage_offset, storage_offset};
+  for (size_t d = 0; d < sizes.size(); ++d) span.last += (sizes[d] - 1) * strides[d];
+  return span;
+}
+
+bool spans_intersect(const at::Tensor& a, const StorageSpan& a_span, const at::Tensor& b,
+                     const StorageSpan& b_span) {
+  if (!a.has_storage() || !b.has_storage()) return false;
+  if (!a.storage().is_alias_of(b.storage())) return false;
+  // Compare in bytes: the two views may have different element sizes.
+  const int64_t ea = a.element_size(), eb = b.element_size();
+  const int64_t a_first = a_span.first * ea, a_end = (a_span.last + 1) * ea;
+  const int64_t b_first = b_span.first * eb, b_end = (b_span.last + 1) * eb;
+  return a_first < b_end && b_first < a_end;
+}
+
+}  // namespace baracuda

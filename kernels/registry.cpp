@@ -1,0 +1,31 @@
+// Every schema of the baracuda namespace, in one place, so the op surface can
+// be read at a glance. Implementations register per family and backend in
+// kernels/<family>/*_op.cpp; fake kernels and autograd live in Python.
+#include <Python.h>
+#include <torch/library.h>
+
+extern "C" {
+// `import baracuda_torch._C` loads this library and so runs the registrations
+// below; the module itself is empty (the ops live in torch.ops.baracuda).
+PyObject* PyInit__C(void) {
+  static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module);
+}
+}
+
+TORCH_LIBRARY(baracuda, m) {
+  // ---- write_slice: dest[ranges] = source, bit-exact, any dtype ----
+  // ranges is flat: (start_0, end_0, start_1, end_1, ...), one pair per axis.
+  m.def("write_slice_(Tensor(a!) dest, Tensor source, SymInt[] ranges, "
+        "bool packed_int4=False) -> ()",
+        {at::Tag::pt2_compliant_tag});
+  m.def("write_slice(Tensor dest, Tensor source, SymInt[] ranges, "
+        "bool packed_int4=False) -> Tensor",
+        {at::Tag::pt2_compliant_tag});
+  m.def("write_slice_at_(Tensor(a!) dest, Tensor source, int dim, Tensor offsets, "
+        "bool packed_int4=False) -> ()",
+        {at::Tag::pt2_compliant_tag});
+  // Which path write_slice_ would take for these arguments (for tests and tuning).
+  m.def("write_slice_path(Tensor dest, Tensor source, SymInt[] ranges, "
+        "bool packed_int4=False) -> str");
+}
