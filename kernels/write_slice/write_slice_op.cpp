@@ -66,9 +66,6 @@ void check_common(const char* op, const at::Tensor& dest, const at::Tensor& sour
               dest.scalar_type());
   TORCH_CHECK(source.device() == dest.device(), "baracuda::", op, ": source.device=",
               source.device(), " must equal dest.device=", dest.device());
-  TORCH_CHECK(!dest.is_conj() && !dest.is_neg(), "baracuda::", op,
-              ": dest has its conjugate or negative bit set; write into a "
-              "resolve_conj()/resolve_neg() tensor instead");
   if (packed) {
     TORCH_CHECK(dest.scalar_type() == at::kByte, "baracuda::", op,
                 ": packed_int4=True needs uint8 tensors holding two 4-bit values per "
@@ -258,24 +255,19 @@ void run_plan(const char* op, const Plan& plan, const at::Tensor& dest) {
 #endif
 }
 
-// Copies made only when a flag bit (conjugate / negative view) would otherwise
-// be ignored by a raw-memory copy.
-at::Tensor materialized(const at::Tensor& t) { return t.resolve_conj().resolve_neg(); }
-
-void write_slice_(const at::Tensor& dest, const at::Tensor& source_in, at::IntArrayRef ranges,
+// Conjugate and negative views never reach these functions: the dispatcher's
+// math-bit fallbacks materialize them first (and write back into a flagged dest).
+void write_slice_(const at::Tensor& dest, const at::Tensor& source, at::IntArrayRef ranges,
                   bool packed_int4) {
-  const at::Tensor source = materialized(source_in);
   const Plan plan = plan_write_slice("write_slice_", dest, source, ranges, packed_int4);
   run_plan("write_slice_", plan, dest);
 }
 
-at::Tensor write_slice(const at::Tensor& dest, const at::Tensor& source_in,
+at::Tensor write_slice(const at::Tensor& dest, const at::Tensor& source,
                        at::IntArrayRef ranges, bool packed_int4) {
-  const at::Tensor source = materialized(source_in);
-  const at::Tensor base = materialized(dest);
   // Validate before allocating the result, so a bad call costs nothing.
-  validate_ranges("write_slice", base, source, ranges, packed_int4, false);
-  at::Tensor out = base.clone();
+  validate_ranges("write_slice", dest, source, ranges, packed_int4, false);
+  at::Tensor out = dest.clone();
   run_plan("write_slice", plan_write_slice("write_slice", out, source, ranges, packed_int4),
            out);
   return out;
@@ -412,10 +404,9 @@ Plan plan_write_slice_at(const at::Tensor& dest, const at::Tensor& source,
   return plan;
 }
 
-void write_slice_at_(const at::Tensor& dest, const at::Tensor& source_in, int64_t dim,
+void write_slice_at_(const at::Tensor& dest, const at::Tensor& source, int64_t dim,
                      const at::Tensor& offsets, bool packed_int4) {
   const char* op = "write_slice_at_";
-  const at::Tensor source = materialized(source_in);
   const AtRequest req = validate_at(op, dest, source, dim, offsets, packed_int4);
   if (dest.is_cpu()) check_offsets_on_host(op, dest, offsets, req, packed_int4);
   run_plan(op, plan_write_slice_at(dest, source, offsets, req, packed_int4), dest);
