@@ -35,10 +35,20 @@ import torch
 from torch import Tensor
 
 IntLike = Union[int, torch.SymInt]
+
+_OPS = torch.ops.baracuda
 Range = Union[Tuple[IntLike, IntLike], slice]
 
 
 def _flatten_ranges(op: str, ranges: Sequence[Range]) -> list:
+    # Fast path for the common case, a list of pairs: this wrapper sits on the
+    # per-token decode path, where host time is most of the call's time.
+    try:
+        flat = [v for pair in ranges for v in pair]
+        if len(flat) == 2 * len(ranges):
+            return flat
+    except TypeError:  # slices or bad entries: the careful path below says which
+        pass
     flat = []
     for axis, r in enumerate(ranges):
         if isinstance(r, slice):
@@ -85,7 +95,7 @@ def write_slice_(
         >>> pos = 17
         >>> write_slice_(cache, kv, [(0, 2), (0, 8), (pos, pos + 1), (0, 128)])
     """
-    torch.ops.baracuda.write_slice_(
+    _OPS.write_slice_.default(
         dest, source, _flatten_ranges("write_slice_", ranges), packed_int4
     )
     return dest
@@ -106,7 +116,7 @@ def write_slice(
         >>> x = torch.zeros(4, 6, requires_grad=True)
         >>> y = write_slice(x, torch.ones(2, 3), [(1, 3), (0, 3)])
     """
-    return torch.ops.baracuda.write_slice(
+    return _OPS.write_slice.default(
         dest, source, _flatten_ranges("write_slice", ranges), packed_int4
     )
 
@@ -143,7 +153,7 @@ def write_slice_at_(
         >>> lengths = torch.tensor([5, 0, 17, 3])
         >>> write_slice_at_(cache, torch.randn(4, 8, 1, 64), 2, lengths)
     """
-    torch.ops.baracuda.write_slice_at_(dest, source, dim, offsets, packed_int4)
+    _OPS.write_slice_at_.default(dest, source, dim, offsets, packed_int4)
     return dest
 
 
@@ -155,7 +165,7 @@ def write_slice_path(
     One of ``"whole_dest"``, ``"contiguous_chunk"``, ``"strided:W"`` (W = unit
     width in bytes), ``"nibble"`` or ``"empty"``. Validates like the op itself.
     """
-    return torch.ops.baracuda.write_slice_path(
+    return _OPS.write_slice_path.default(
         dest, source, _flatten_ranges("write_slice_path", ranges), packed_int4
     )
 

@@ -1,0 +1,47 @@
+"""What a benchmark family hands the runner: a list of Case.
+
+Each family lives in ``benchmarks/bench_<family>.py`` and exposes
+``cases(device, quick) -> list[Case]``. The runner times ``ours`` and ``peer``
+with the shared timer, so every family is measured the same way.
+"""
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Callable, List, Optional
+
+import torch
+
+# Bytes of distinct data a timed loop must cycle through so that H100's 50 MB
+# L2 cannot serve repeats: four times its size.
+COLD_BYTES = 200e6
+
+
+@dataclass
+class Case:
+    name: str
+    dtype: str
+    bytes_moved: int            # minimal traffic: read the source + write the window
+    ours: Callable[[], object]
+    peer: Optional[Callable[[], object]] = None   # None: no natural counterpart
+    peer_name: str = ""
+    graph: bool = False         # time per call inside a replayed CUDA graph
+    note: str = ""              # footnote printed under the table
+    reps: int = 50
+
+
+def n_sets(touched_bytes: int, cap: int = 8) -> int:
+    """How many distinct input sets a bulk case rotates through: enough that
+    they total more than COLD_BYTES, at least 2 (so no call sees the previous
+    call's lines), at most ``cap`` (memory)."""
+    return max(2, min(cap, math.ceil(COLD_BYTES / max(touched_bytes, 1))))
+
+
+def rotate(fns: List[Callable[[], object]]) -> Callable[[], object]:
+    """One callable that calls ``fns[0]``, ``fns[1]``, ... in turn."""
+    it = itertools.cycle(fns)
+    return lambda: next(it)()
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
