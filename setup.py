@@ -9,6 +9,7 @@ torch.utils.cpp_extension); ninja is used when installed.
 
 import glob
 import os
+import sys
 
 import torch
 from setuptools import find_packages, setup
@@ -44,6 +45,18 @@ def sources(with_cuda: bool) -> list:
     return [rel(f) for f in files]
 
 
+def link_args() -> list:
+    # Bind the C++ runtime to the shared libstdc++ that torch itself uses.
+    # Some toolchains put only libstdc++.a on their search path, so a plain
+    # -lstdc++ links it statically: the extension then carries a second,
+    # never-initialised copy of the iostream/locale machinery, and the first
+    # error message that formats a number crashes. Naming the shared object
+    # resolves every C++ runtime symbol before the archive is consulted.
+    if sys.platform.startswith("linux"):
+        return ["-l:libstdc++.so.6"]
+    return []
+
+
 def extension():
     with_cuda = want_cuda()
     defines = [("Py_LIMITED_API", "0x03090000")]
@@ -59,6 +72,7 @@ def extension():
         include_dirs=[KERNELS],
         define_macros=defines,
         extra_compile_args={"cxx": cxx, "nvcc": nvcc},
+        extra_link_args=link_args(),
         py_limited_api=True,
     )
 
