@@ -16,6 +16,7 @@ import glob
 import importlib
 import os
 import platform
+import statistics
 import subprocess
 import sys
 
@@ -64,15 +65,26 @@ def header(device, roofline, quick):
     ]
 
 
+ROUNDS = 5
+
+
 def time_case(case, device):
-    """(ours µs, peer µs or None). Graph cases: per call inside a replayed graph."""
+    """(ours µs, peer µs or None). Graph cases: per call inside a replayed graph.
+
+    Ours and the peer are timed in alternating rounds and each reports the
+    median of its rounds: host-bound cases (a decode append is mostly launch
+    overhead) drift with the machine, and alternating keeps that drift from
+    landing on one side only."""
     if case.graph:
         timer = lambda fn: graph_replay_us(fn, device)  # noqa: E731
     else:
         timer = lambda fn: median_us(fn, device, reps=case.reps)  # noqa: E731
-    ours = timer(case.ours)
-    peer = timer(case.peer) if case.peer is not None else None
-    return ours, peer
+    ours, peer = [], []
+    for _ in range(ROUNDS):
+        ours.append(timer(case.ours))
+        if case.peer is not None:
+            peer.append(timer(case.peer))
+    return statistics.median(ours), statistics.median(peer) if peer else None
 
 
 def fmt(x, spec):
