@@ -414,7 +414,8 @@ def test_write_slice_at_out_of_range_cuda_skips_that_row():
 def test_write_slice_at_in_cuda_graph_appends_at_new_offsets():
     g = torch.Generator().manual_seed(0)
     cache = torch.zeros(4, 2, 32, 16, dtype=torch.bfloat16, device="cuda")
-    kv = torch.empty(4, 2, 1, 16, dtype=torch.bfloat16, device="cuda")
+    # Zeros until capture: the warm-up call before capture really writes.
+    kv = torch.zeros(4, 2, 1, 16, dtype=torch.bfloat16, device="cuda")
     pos = torch.zeros(4, dtype=torch.long, device="cuda")
     step = lambda: bt.write_slice_at_(cache, kv, 2, pos)  # noqa: E731
     s = torch.cuda.Stream()
