@@ -257,14 +257,22 @@ void run_plan(const char* op, const Plan& plan, const at::Tensor& dest) {
 
 // Conjugate and negative views never reach these functions: the dispatcher's
 // math-bit fallbacks materialize them first (and write back into a flagged dest).
-void write_slice_(const at::Tensor& dest, const at::Tensor& source, at::IntArrayRef ranges,
-                  bool packed_int4) {
+// The schemas take SymInt[] so torch.compile can trace a moving position
+// without recompiling; by the time a real kernel runs the values are concrete.
+// (Declaring the C++ parameter as IntArrayRef instead and letting the
+// dispatcher convert crashes on error paths with some torch releases.)
+at::IntArrayRef concrete(c10::SymIntArrayRef ranges) { return C10_AS_INTARRAYREF_SLOW(ranges); }
+
+void write_slice_(const at::Tensor& dest, const at::Tensor& source,
+                  c10::SymIntArrayRef sym_ranges, bool packed_int4) {
+  const at::IntArrayRef ranges = concrete(sym_ranges);
   const Plan plan = plan_write_slice("write_slice_", dest, source, ranges, packed_int4);
   run_plan("write_slice_", plan, dest);
 }
 
 at::Tensor write_slice(const at::Tensor& dest, const at::Tensor& source,
-                       at::IntArrayRef ranges, bool packed_int4) {
+                       c10::SymIntArrayRef sym_ranges, bool packed_int4) {
+  const at::IntArrayRef ranges = concrete(sym_ranges);
   // Validate before allocating the result, so a bad call costs nothing.
   validate_ranges("write_slice", dest, source, ranges, packed_int4, false);
   at::Tensor out = dest.clone();
@@ -274,8 +282,9 @@ at::Tensor write_slice(const at::Tensor& dest, const at::Tensor& source,
 }
 
 std::string write_slice_path(const at::Tensor& dest, const at::Tensor& source,
-                             at::IntArrayRef ranges, bool packed_int4) {
-  return describe(plan_write_slice("write_slice_path", dest, source, ranges, packed_int4));
+                             c10::SymIntArrayRef ranges, bool packed_int4) {
+  return describe(
+      plan_write_slice("write_slice_path", dest, source, concrete(ranges), packed_int4));
 }
 
 // ---------------------------------------------------------------- write_slice_at_
