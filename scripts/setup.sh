@@ -10,6 +10,6 @@ PY=${PYTHON:-python3}
 if ! "$PY" -c "import torch" 2>/dev/null; then
   "$PY" -m pip install --quiet --prefer-binary "torch==2.13.0"
 fi
-"$PY" -m pip install --quiet ninja pytest expecttest "setuptools>=64" wheel
+"$PY" -m pip install --quiet ninja pytest expecttest numpy "setuptools>=64" wheel
 MAX_JOBS=${MAX_JOBS:-$(nproc)} "$PY" -m pip install --quiet --no-build-isolation --no-deps -e .
 "$PY" -c "import baracuda_torch, torch; print('baracuda_torch built against torch', torch.__version__)"
