@@ -259,8 +259,6 @@ void run_plan(const char* op, const Plan& plan, const at::Tensor& dest) {
 // math-bit fallbacks materialize them first (and write back into a flagged dest).
 // The schemas take SymInt[] so torch.compile can trace a moving position
 // without recompiling; by the time a real kernel runs the values are concrete.
-// (Declaring the C++ parameter as IntArrayRef instead and letting the
-// dispatcher convert crashes on error paths with some torch releases.)
 at::IntArrayRef concrete(c10::SymIntArrayRef ranges) { return C10_AS_INTARRAYREF_SLOW(ranges); }
 
 void write_slice_(const at::Tensor& dest, const at::Tensor& source,
