@@ -2,6 +2,7 @@
 #include <cuda_runtime.h>
 
 #include "common/cuda_launch.cuh"
+#include "common/offset_calculator.cuh"
 #include "common/unit_types.h"
 #include "write_slice/nibble_patch.h"
 #include "write_slice/write_slice_kernels.h"
@@ -9,47 +10,15 @@
 namespace baracuda {
 namespace {
 
-// Maps a linear index within one row to (dst, src) element offsets. Axes are
-// stored innermost first so the loop peels them in the order a divide
-// produces them; the outermost axis needs no divide.
+// The copy's two tensors as an offset calculator: 0 = destination, 1 = source.
 template <typename Index>
-struct OffsetCalculator {
-  int rank;
-  typename DividerFor<Index>::type sizes[kMaxRank];
-  int64_t dst_strides[kMaxRank];
-  int64_t src_strides[kMaxRank];
-
-  __device__ void get(Index i, int64_t* dst, int64_t* src) const {
-    int64_t d = 0, s = 0;
-#pragma unroll
-    for (int k = 0; k < kMaxRank; ++k) {
-      if (k == rank - 1) {
-        d += static_cast<int64_t>(i) * dst_strides[k];
-        s += static_cast<int64_t>(i) * src_strides[k];
-        break;
-      }
-      const Index q = sizes[k].div(i);
-      const Index r = i - q * static_cast<Index>(sizes[k].divisor);
-      d += static_cast<int64_t>(r) * dst_strides[k];
-      s += static_cast<int64_t>(r) * src_strides[k];
-      i = q;
-    }
-    *dst = d;
-    *src = s;
+OffsetCalculator<2, Index> make_calculator(const StridedPair& p) {
+  int64_t strides[2][kMaxRank];
+  for (int d = 0; d < p.rank; ++d) {
+    strides[0][d] = p.dst_strides[d];
+    strides[1][d] = p.src_strides[d];
   }
-};
-
-template <typename Index>
-OffsetCalculator<Index> make_calculator(const StridedPair& p) {
-  OffsetCalculator<Index> c{};
-  c.rank = p.rank;
-  for (int k = 0; k < p.rank; ++k) {
-    const int axis = p.rank - 1 - k;
-    c.sizes[k] = make_divider<Index>(p.sizes[axis]);
-    c.dst_strides[k] = p.dst_strides[axis];
-    c.src_strides[k] = p.src_strides[axis];
-  }
-  return c;
+  return make_offset_calculator<2, Index>(p.rank, p.sizes, strides);
 }
 
 // Each thread moves kItems units per step; all loads are issued before any
@@ -60,7 +29,7 @@ constexpr int kThreads = 256;
 template <typename U, typename Index>
 __global__ void __launch_bounds__(kThreads)
 strided_copy_kernel(U* __restrict__ dst, const U* __restrict__ src,
-                    OffsetCalculator<Index> calc, Index row_numel, RowSpec rows) {
+                    OffsetCalculator<2, Index> calc, Index row_numel, RowSpec rows) {
   for (int64_t r = blockIdx.y; r < rows.count; r += gridDim.y) {
     int64_t offset;
     if (!resolve_row_offset(rows, r, &offset)) continue;  // uniform per block
@@ -75,9 +44,10 @@ strided_copy_kernel(U* __restrict__ dst, const U* __restrict__ src,
       for (int k = 0; k < kItems; ++k) {
         const Index i = base + k * blockDim.x + threadIdx.x;
         if (i < row_numel) {
-          int64_t src_off;
-          calc.get(i, &dst_off[k], &src_off);
-          vals[k] = src_row[src_off];
+          int64_t off[2];
+          calc.get(i, off);
+          dst_off[k] = off[0];
+          vals[k] = src_row[off[1]];
         }
       }
 #pragma unroll
@@ -108,7 +78,7 @@ KernelStatus launch_strided_copy(const StridedCopyArgs& a, cudaStream_t stream) 
 
 // One thread per (row, outer element, destination byte slot). A row touches
 // at most nibble_count / 2 + 1 bytes; slots past its last byte do nothing.
-__global__ void nibble_copy_kernel(NibbleCopyArgs a, OffsetCalculator<int64_t> outer,
+__global__ void nibble_copy_kernel(NibbleCopyArgs a, OffsetCalculator<2, int64_t> outer,
                                    int64_t outer_numel, int64_t slots) {
   const int64_t per_row = outer_numel * slots;
   const int64_t total = per_row * a.rows.count;
@@ -128,11 +98,11 @@ __global__ void nibble_copy_kernel(NibbleCopyArgs a, OffsetCalculator<int64_t> o
     }
     const int64_t b = first_nibble_byte(start) + slot;
     if (b > last_nibble_byte(start, a.nibble_count)) continue;
-    int64_t dst_off = 0, src_off = 0;
-    if (outer.rank > 0) outer.get(o, &dst_off, &src_off);
-    uint8_t* byte = dst + dst_off + b * a.dst_inner_stride;
+    int64_t off[2] = {0, 0};
+    if (outer.rank > 0) outer.get(o, off);
+    uint8_t* byte = dst + off[0] + b * a.dst_inner_stride;
     *byte = patch_nibble_byte(*byte, b, start, a.nibble_count,
-                              a.src + r * a.rows.src_stride + src_off, a.src_inner_stride);
+                              a.src + r * a.rows.src_stride + off[1], a.src_inner_stride);
   }
 }
 
