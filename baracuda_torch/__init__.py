@@ -8,9 +8,13 @@ functions, their fake kernels for torch.compile, and their autograd formulas.
 import torch  # noqa: F401  (must be loaded before the extension)
 
 from . import _C  # noqa: F401  (registers torch.ops.baracuda.*)
+from .merge import merge_state, merge_state_, merge_states
 from .write_slice import write_slice, write_slice_, write_slice_at_, write_slice_path
 
 __all__ = [
+    "merge_state",
+    "merge_state_",
+    "merge_states",
     "write_slice",
     "write_slice_",
     "write_slice_at_",

@@ -28,4 +28,21 @@ TORCH_LIBRARY(baracuda, m) {
   // Which path write_slice_ would take for these arguments (for tests and tuning).
   m.def("write_slice_path(Tensor dest, Tensor source, SymInt[] ranges, "
         "bool packed_int4=False) -> str");
+
+  // ---- attention-state merge: (v, lse) pairs, empty state (0, -inf) neutral ----
+  // lse_base "2" (base-2 LSE) or "e" (natural log).
+  m.def("merge_state(Tensor v_a, Tensor s_a, Tensor v_b, Tensor s_b, str lse_base=\"2\") "
+        "-> (Tensor, Tensor)",
+        {at::Tag::pt2_compliant_tag});
+  m.def("merge_state_(Tensor(a!) v, Tensor(b!) s, Tensor v_other, Tensor s_other, "
+        "str lse_base=\"2\") -> ()",
+        {at::Tag::pt2_compliant_tag});
+  m.def("merge_states(Tensor v, Tensor s, str lse_base=\"2\") -> (Tensor, Tensor)",
+        {at::Tag::pt2_compliant_tag});
+  m.def("merge_state_backward(Tensor grad_v, Tensor? grad_s, Tensor v_a, Tensor s_a, "
+        "Tensor v_b, Tensor s_b, str lse_base) -> (Tensor, Tensor, Tensor, Tensor)",
+        {at::Tag::pt2_compliant_tag});
+  m.def("merge_states_backward(Tensor grad_v, Tensor? grad_s, Tensor v, Tensor s, "
+        "str lse_base) -> (Tensor, Tensor)",
+        {at::Tag::pt2_compliant_tag});
 }

@@ -12,6 +12,14 @@ namespace baracuda {
 // Raises "baracuda::<op>: <what> failed: <detail>" unless the status is ok.
 void check_status(const KernelStatus& status, const char* op, const char* what);
 
+// A CUDA launcher's address in CUDA builds, nullptr otherwise, so that CPU
+// builds never reference the CUDA symbols.
+#ifdef BARACUDA_WITH_CUDA
+#define BARACUDA_CUDA_ONLY(fn) (fn)
+#else
+#define BARACUDA_CUDA_ONLY(fn) nullptr
+#endif
+
 // The current CUDA stream of `t`'s device, as a cudaStream_t in a void*.
 // Raises when the extension was built without CUDA.
 void* current_cuda_stream(const at::Tensor& t);

@@ -1,0 +1,152 @@
+"""Merging partial attention states (cascade / split-KV attention).
+
+An attention state over a set of keys is ``(v, s)``: ``v`` the softmax-weighted
+value vector and ``s`` the log-sum-exp of the scores. States over disjoint key
+sets merge exactly::
+
+    m = max(s_a, s_b);  w_a = b^(s_a - m);  w_b = b^(s_b - m)
+    v = (w_a v_a + w_b v_b) / (w_a + w_b);  s = m + log_b(w_a + w_b)
+
+with ``b = 2`` (``lse_base="2"``, FlashInfer's convention) or ``b = e``
+(``lse_base="e"``: the natural-log LSE that PyTorch's SDPA, FlexAttention and
+FlashAttention return, so their outputs merge without rescaling).
+
+The empty state ``(v = 0, s = -inf)`` -- attention over no keys -- is the
+neutral element: merging two empty states gives an empty state, merging any
+state with an empty one returns it bit for bit, and no NaN appears in the
+forward or backward pass (an empty side gets zero gradients).
+
+Shapes (any strides; extra leading batch axes allowed):
+
+================  ==========================  ======================
+op                v                           s
+================  ==========================  ======================
+merge_state       ``[..., heads, dim]``       ``[..., heads]``
+merge_states      ``[..., n, heads, dim]``    ``[..., n, heads]``
+================  ==========================  ======================
+
+``v`` is float16, bfloat16, float32 or float64 (half types accumulate in
+float32); ``s`` is float32, or float64 with float64 ``v``. Any head dim.
+"""
+
+from typing import Tuple
+
+import torch
+from torch import Tensor
+
+_OPS = torch.ops.baracuda
+
+
+def merge_state(v_a: Tensor, s_a: Tensor, v_b: Tensor, s_b: Tensor, *,
+                lse_base: str = "2") -> Tuple[Tensor, Tensor]:
+    """Merge two attention states; returns the merged ``(v, s)``.
+
+    Differentiable with respect to all four inputs (one fused backward kernel).
+
+    Example::
+
+        >>> out_prefix, lse_prefix = ...   # attention over a shared prefix
+        >>> out_suffix, lse_suffix = ...   # attention over each request's suffix
+        >>> out, lse = merge_state(out_prefix, lse_prefix, out_suffix, lse_suffix,
+        ...                        lse_base="e")
+    """
+    return _OPS.merge_state.default(v_a, s_a, v_b, s_b, lse_base)
+
+
+def merge_state_(v: Tensor, s: Tensor, v_other: Tensor, s_other: Tensor, *,
+                 lse_base: str = "2") -> Tuple[Tensor, Tensor]:
+    """In-place :func:`merge_state`: ``(v, s) <- merge((v, s), (v_other, s_other))``.
+
+    Returns ``(v, s)``. ``v``/``s`` must not share memory with the other
+    state (except being the very same tensors). Not differentiable.
+    """
+    _OPS.merge_state_.default(v, s, v_other, s_other, lse_base)
+    return v, s
+
+
+def merge_states(v: Tensor, s: Tensor, *, lse_base: str = "2") -> Tuple[Tensor, Tensor]:
+    """Merge ``n`` attention states stacked along axis ``-3`` of ``v`` (``-2``
+    of ``s``): ``[..., n, heads, dim]`` -> ``[..., heads, dim]``. ``n = 0``
+    gives the empty state. Differentiable.
+
+    Example::
+
+        >>> v = torch.randn(4096, 8, 32, 128)           # 8 partial states per token
+        >>> s = torch.randn(4096, 8, 32)
+        >>> out, lse = merge_states(v, s)               # [4096, 32, 128], [4096, 32]
+    """
+    return _OPS.merge_states.default(v, s, lse_base)
+
+
+# ---------------------------------------------------------------- fake kernels
+
+
+@torch.library.register_fake("baracuda::merge_state")
+def _merge_state_fake(v_a, s_a, v_b, s_b, lse_base="2"):
+    return v_a.new_empty(v_a.shape), s_a.new_empty(s_a.shape)
+
+
+@torch.library.register_fake("baracuda::merge_state_")
+def _merge_state__fake(v, s, v_other, s_other, lse_base="2"):
+    return None
+
+
+@torch.library.register_fake("baracuda::merge_states")
+def _merge_states_fake(v, s, lse_base="2"):
+    v_shape = v.shape[:-3] + v.shape[-2:]
+    s_shape = s.shape[:-2] + s.shape[-1:]
+    return v.new_empty(v_shape), s.new_empty(s_shape)
+
+
+@torch.library.register_fake("baracuda::merge_state_backward")
+def _merge_state_backward_fake(grad_v, grad_s, v_a, s_a, v_b, s_b, lse_base):
+    return (v_a.new_empty(v_a.shape), s_a.new_empty(s_a.shape),
+            v_a.new_empty(v_a.shape), s_a.new_empty(s_a.shape))
+
+
+@torch.library.register_fake("baracuda::merge_states_backward")
+def _merge_states_backward_fake(grad_v, grad_s, v, s, lse_base):
+    return v.new_empty(v.shape), s.new_empty(s.shape)
+
+
+# ---------------------------------------------------------------- autograd
+#
+# Double backward is not provided: the backward ops have no derivative
+# formula of their own.
+
+
+def _dense_grad_v(grad_v, like):
+    return torch.zeros_like(like) if grad_v is None else grad_v
+
+
+def _setup_merge_state(ctx, inputs, output):
+    v_a, s_a, v_b, s_b, lse_base = inputs
+    ctx.save_for_backward(v_a, s_a, v_b, s_b)
+    ctx.lse_base = lse_base
+
+
+def _backward_merge_state(ctx, grad_v, grad_s):
+    v_a, s_a, v_b, s_b = ctx.saved_tensors
+    gva, gsa, gvb, gsb = _OPS.merge_state_backward.default(
+        _dense_grad_v(grad_v, v_a), grad_s, v_a, s_a, v_b, s_b, ctx.lse_base)
+    return gva, gsa, gvb, gsb, None
+
+
+def _setup_merge_states(ctx, inputs, output):
+    v, s, lse_base = inputs
+    ctx.save_for_backward(v, s)
+    ctx.lse_base = lse_base
+
+
+def _backward_merge_states(ctx, grad_v, grad_s):
+    v, s = ctx.saved_tensors
+    if grad_v is None:
+        grad_v = v.new_zeros(v.shape[:-3] + v.shape[-2:])
+    gv, gs = _OPS.merge_states_backward.default(grad_v, grad_s, v, s, ctx.lse_base)
+    return gv, gs, None
+
+
+torch.library.register_autograd("baracuda::merge_state", _backward_merge_state,
+                                setup_context=_setup_merge_state)
+torch.library.register_autograd("baracuda::merge_states", _backward_merge_states,
+                                setup_context=_setup_merge_states)
