@@ -11,6 +11,7 @@ import torch
 from torch.testing._internal.optests import opcheck
 
 import baracuda_torch as bt
+from helpers import bits
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 HEAD_DIMS = [1, 7, 64, 96, 128, 256, 512]
@@ -86,11 +87,14 @@ def test_merge_state_strided_and_batched(device, dtype, rng):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_empty_state_is_neutral_bit_for_bit(device, dtype, rng):
     v, s = random_state((6, 4, 96), dtype, device, rng)
+    v[0, 0, :5] = -0.0  # signed zeros must survive too
     empty_v = torch.full_like(v, float("nan"))  # garbage behind an empty state is skipped
     empty_s = torch.full_like(s, NEG_INF)
     for args in ((v, s, empty_v, empty_s), (empty_v, empty_s, v, s)):
         mv, ms = bt.merge_state(*args)
-        assert torch.equal(mv, v) and torch.equal(ms, s)
+        assert torch.equal(bits(mv), bits(v)) and torch.equal(bits(ms), bits(s))
+    mv, ms = bt.merge_states(torch.stack([empty_v, v, empty_v], -3), torch.stack([empty_s, s, empty_s], -2))
+    assert torch.equal(bits(mv), bits(v)) and torch.equal(bits(ms), bits(s))
     zero_v = torch.zeros_like(v)
     mv, ms = bt.merge_state(zero_v, empty_s, zero_v, empty_s)
     assert torch.equal(mv, zero_v) and torch.isneginf(ms).all()

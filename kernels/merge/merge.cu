@@ -138,23 +138,45 @@ merge_forward_kernel(ForwardParams<T> p, OffsetCalculator<kFwCount, Index> calc,
     auto s_at = [&](int64_t i) {
       return *state_ptr(p.s, p.stacked, p.s_state_stride, off[kFwS0], off[kFwS1], i);
     };
+    // Pair form: the first chunk of both states is requested before the LSEs
+    // are used, so a cell waits for memory once rather than twice.
+    const int64_t c0 = tile.lane_in_group;
+    C x0[VEC], x1[VEC];
+    if (valid && !p.stacked && c0 < chunks) {
+      load<T, VEC>(p.v[0] + off[kFwV0], c0, p.inner[kFwV0], x0);
+      load<T, VEC>(p.v[1] + off[kFwV1], c0, p.inner[kFwV1], x1);
+    }
     C m, total;
     cell_max_and_total(valid, p.num_states, s_at, k, m, total);
     if (valid) {
-      for (int64_t c = tile.lane_in_group; c < chunks; c += group) {
+      for (int64_t c = c0; c < chunks; c += group) {
+        // Accumulators start at -0, the identity of addition, and a state of
+        // weight 0 is never added: a lone state comes back bit for bit
+        // (signed zeros included), whatever an empty state holds.
         C acc[VEC];
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) acc[e] = 0;
+        for (int e = 0; e < VEC; ++e) acc[e] = -C(0);
         if (m != neg_infinity<C>()) {
-#pragma unroll 2
-          for (int64_t i = 0; i < p.num_states; ++i) {
-            const C w = state_weight<C>(s_at(i), m, k);
-            if (w == 0) continue;  // empty state: skipped, never multiplied
-            C x[VEC];
-            const T* vi = state_ptr(p.v, p.stacked, p.v_state_stride, off[kFwV0], off[kFwV1], i);
-            load<T, VEC>(vi, c, p.inner[p.stacked || i == 0 ? kFwV0 : kFwV1], x);
+          if (!p.stacked) {
+            if (c != c0) {
+              load<T, VEC>(p.v[0] + off[kFwV0], c, p.inner[kFwV0], x0);
+              load<T, VEC>(p.v[1] + off[kFwV1], c, p.inner[kFwV1], x1);
+            }
+            const C w0 = state_weight<C>(s_at(0), m, k), w1 = state_weight<C>(s_at(1), m, k);
 #pragma unroll
-            for (int e = 0; e < VEC; ++e) acc[e] += w * x[e];
+            for (int e = 0; e < VEC; ++e) {
+              if (w0 != 0) acc[e] += w0 * x0[e];
+              if (w1 != 0) acc[e] += w1 * x1[e];
+            }
+          } else {
+#pragma unroll 4
+            for (int64_t i = 0; i < p.num_states; ++i) {
+              C x[VEC];  // loaded unconditionally so several loads are in flight
+              load<T, VEC>(p.v[0] + off[kFwV0] + i * p.v_state_stride, c, p.inner[kFwV0], x);
+              const C w = state_weight<C>(s_at(i), m, k);
+#pragma unroll
+              for (int e = 0; e < VEC; ++e) acc[e] = w != 0 ? acc[e] + w * x[e] : acc[e];
+            }
           }
         }
         // Divide (not multiply by 1/W) so a lone state comes back unchanged.

@@ -45,7 +45,8 @@ void forward(const MergeForwardArgs& a) {
     C m = neg_infinity<C>();
     for (int64_t i = 0; i < n; ++i) m = std::max(m, s_of(i));
     C total = 0;
-    for (int64_t j = 0; j < D; ++j) acc[j] = 0;
+    // -0 is the identity of addition: a lone state comes back bit for bit.
+    for (int64_t j = 0; j < D; ++j) acc[j] = -C(0);
     if (m != neg_infinity<C>()) {
       for (int64_t i = 0; i < n; ++i) {
         const C w = state_weight(s_of(i), m, k);
