@@ -170,9 +170,9 @@ Plan plan_elementwise(StridedPair pair, char* dst, const char* src, int elem_byt
   return plan;
 }
 
-Plan plan_write_slice(const char* op, const at::Tensor& dest, const at::Tensor& source,
-                      at::IntArrayRef ranges, bool packed) {
-  const StorageWindow w = validate_ranges(op, dest, source, ranges, packed, true);
+// The plan for writing `source` into window `w` of `dest` (validated already).
+Plan plan_write_slice(const at::Tensor& dest, const at::Tensor& source, at::IntArrayRef ranges,
+                      bool packed, const StorageWindow& w) {
   const int64_t rank = dest.dim();
   char* dst = static_cast<char*>(dest.data_ptr());
   const char* src = static_cast<const char*>(source.const_data_ptr());
@@ -255,34 +255,37 @@ void run_plan(const char* op, const Plan& plan, const at::Tensor& dest) {
 #endif
 }
 
-// Conjugate and negative views never reach these functions: the dispatcher's
-// math-bit fallbacks materialize them first (and write back into a flagged dest).
 // The schemas take SymInt[] so torch.compile can trace a moving position
 // without recompiling; by the time a real kernel runs the values are concrete.
 at::IntArrayRef concrete(c10::SymIntArrayRef ranges) { return C10_AS_INTARRAYREF_SLOW(ranges); }
 
+// Conjugate and negative views never reach these functions: the dispatcher's
+// math-bit fallbacks materialize them first (and write back into a flagged dest).
 void write_slice_(const at::Tensor& dest, const at::Tensor& source,
                   c10::SymIntArrayRef sym_ranges, bool packed_int4) {
+  const char* op = "write_slice_";
   const at::IntArrayRef ranges = concrete(sym_ranges);
-  const Plan plan = plan_write_slice("write_slice_", dest, source, ranges, packed_int4);
-  run_plan("write_slice_", plan, dest);
+  const StorageWindow w = validate_ranges(op, dest, source, ranges, packed_int4, true);
+  run_plan(op, plan_write_slice(dest, source, ranges, packed_int4, w), dest);
 }
 
 at::Tensor write_slice(const at::Tensor& dest, const at::Tensor& source,
                        c10::SymIntArrayRef sym_ranges, bool packed_int4) {
   const at::IntArrayRef ranges = concrete(sym_ranges);
-  // Validate before allocating the result, so a bad call costs nothing.
-  validate_ranges("write_slice", dest, source, ranges, packed_int4, false);
+  // Validate once, before allocating the result, so a bad call costs nothing.
+  // The result has dest's shape, so the window (in elements) is the same;
+  // being a fresh tensor, it needs none of the in-place overlap checks.
+  const StorageWindow w = validate_ranges("write_slice", dest, source, ranges, packed_int4, false);
   at::Tensor out = dest.clone();
-  run_plan("write_slice", plan_write_slice("write_slice", out, source, ranges, packed_int4),
-           out);
+  run_plan("write_slice", plan_write_slice(out, source, ranges, packed_int4, w), out);
   return out;
 }
 
 std::string write_slice_path(const at::Tensor& dest, const at::Tensor& source,
                              c10::SymIntArrayRef ranges, bool packed_int4) {
-  return describe(
-      plan_write_slice("write_slice_path", dest, source, concrete(ranges), packed_int4));
+  const at::IntArrayRef r = concrete(ranges);
+  const StorageWindow w = validate_ranges("write_slice_path", dest, source, r, packed_int4, true);
+  return describe(plan_write_slice(dest, source, r, packed_int4, w));
 }
 
 // ---------------------------------------------------------------- write_slice_at_
