@@ -8,14 +8,6 @@ void check_status(const KernelStatus& status, const char* op, const char* what) 
   TORCH_CHECK(status.is_ok(), "baracuda::", op, ": ", what, " failed: ", status.detail);
 }
 
-#ifndef BARACUDA_WITH_CUDA
-void* current_cuda_stream(const at::Tensor& t) {
-  TORCH_CHECK(false, "baracuda was built without CUDA kernels, but got a tensor on ",
-              t.device());
-  return nullptr;
-}
-#endif  // otherwise defined in cuda_stream.cpp, which needs the CUDA headers
-
 StorageSpan storage_span(int64_t storage_offset, at::IntArrayRef sizes,
                          at::IntArrayRef strides) {
   StorageSpan span{storage_offset, storage_offset};

@@ -21,7 +21,8 @@ void check_status(const KernelStatus& status, const char* op, const char* what);
 #endif
 
 // The current CUDA stream of `t`'s device, as a cudaStream_t in a void*.
-// Raises when the extension was built without CUDA.
+// Defined (in cuda_stream.cpp) only in CUDA builds; call it under
+// BARACUDA_WITH_CUDA.
 void* current_cuda_stream(const at::Tensor& t);
 
 // A range of storage elements [first, last] a tensor view can touch.
