@@ -115,8 +115,9 @@ def _merge_states_backward_fake(grad_v, grad_s, v, s, lse_base):
 # formula of their own.
 
 
-def _dense_grad_v(grad_v, like):
-    return torch.zeros_like(like) if grad_v is None else grad_v
+def _dense(grad, like, shape):
+    """Autograd passes None for an unused output; the kernels want zeros."""
+    return like.new_zeros(shape) if grad is None else grad
 
 
 def _setup_merge_state(ctx, inputs, output):
@@ -128,7 +129,7 @@ def _setup_merge_state(ctx, inputs, output):
 def _backward_merge_state(ctx, grad_v, grad_s):
     v_a, s_a, v_b, s_b = ctx.saved_tensors
     gva, gsa, gvb, gsb = _OPS.merge_state_backward.default(
-        _dense_grad_v(grad_v, v_a), grad_s, v_a, s_a, v_b, s_b, ctx.lse_base)
+        _dense(grad_v, v_a, v_a.shape), grad_s, v_a, s_a, v_b, s_b, ctx.lse_base)
     return gva, gsa, gvb, gsb, None
 
 
@@ -140,8 +141,7 @@ def _setup_merge_states(ctx, inputs, output):
 
 def _backward_merge_states(ctx, grad_v, grad_s):
     v, s = ctx.saved_tensors
-    if grad_v is None:
-        grad_v = v.new_zeros(v.shape[:-3] + v.shape[-2:])
+    grad_v = _dense(grad_v, v, v.shape[:-3] + v.shape[-2:])
     gv, gs = _OPS.merge_states_backward.default(grad_v, grad_s, v, s, ctx.lse_base)
     return gv, gs, None
 

@@ -197,14 +197,13 @@ def _setup_write_slice(ctx, inputs, output):
     dest, source, ranges, packed_int4 = inputs
     ctx.ranges = ranges
     ctx.packed_int4 = packed_int4
-    ctx.source_meta = (source.shape, source.dtype, source.device)
+    ctx.source_shape = source.shape
 
 
 def _backward_write_slice(ctx, grad):
     grad_dest = grad_source = None
     if ctx.needs_input_grad[0]:
-        shape, dtype, device = ctx.source_meta
-        zeros = torch.zeros(shape, dtype=grad.dtype, device=grad.device)
+        zeros = grad.new_zeros(ctx.source_shape)
         grad_dest = torch.ops.baracuda.write_slice(grad, zeros, ctx.ranges, ctx.packed_int4)
     if ctx.needs_input_grad[1]:
         window = grad
