@@ -50,7 +50,8 @@ def _pair_cases(device, shape, dtype, label, graph_rows):
     esize = torch.empty((), dtype=dtype).element_size()
     cells = torch.Size(shape[:-1]).numel()
     state_bytes = cells * shape[-1] * esize + cells * 4
-    sets = [(a, b) for a, b in zip(*[iter(_states(shape, dtype, device, 2 * n_sets(3 * state_bytes)))] * 2)]
+    states = _states(shape, dtype, device, 2 * n_sets(3 * state_bytes))
+    sets = list(zip(states[0::2], states[1::2]))  # (state a, state b) per set
     ours = rotate([lambda a=a, b=b: bt.merge_state(*a, *b) for a, b in sets])
     eager = rotate([lambda a=a, b=b: formula(*a, *b) for a, b in sets])
     comp = rotate([lambda a=a, b=b: compiled(formula)(*a, *b) for a, b in sets])
@@ -75,7 +76,7 @@ def _backward_cases(device, shape, dtype, label):
     esize = torch.empty((), dtype=dtype).element_size()
     cells = torch.Size(shape[:-1]).numel()
     state_bytes = cells * shape[-1] * esize + cells * 4
-    (a, b), = [(x, y) for x, y in zip(*[iter(_states(shape, dtype, device, 2))] * 2)]
+    a, b = _states(shape, dtype, device, 2)
     leaves = [t.clone().requires_grad_() for t in (*a, *b)]
     gv = torch.randn(shape, device=device).to(dtype)
     gs = torch.randn(shape[:-1], device=device)
