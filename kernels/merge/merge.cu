@@ -44,15 +44,23 @@ struct alignas(sizeof(T) * VEC) Pack {
   T x[VEC];
 };
 
+// Chunk `chunk` of a head_dim vector at storage width: a lane holding several
+// loads in flight keeps them unconverted (half the registers for 16-bit
+// types, and registers decide occupancy here). VEC == 1 follows `stride`.
+template <typename T, int VEC>
+__device__ inline Pack<T, VEC> load_raw(const T* base, int64_t chunk, int64_t stride = 1) {
+  if constexpr (VEC == 1) {
+    return Pack<T, 1>{{base[chunk * stride]}};
+  } else {
+    return *reinterpret_cast<const Pack<T, VEC>*>(base + chunk * VEC);
+  }
+}
+
 template <typename T, int VEC>
 __device__ inline void load(const T* base, int64_t chunk, int64_t stride, compute_t<T> (&out)[VEC]) {
-  if constexpr (VEC == 1) {
-    out[0] = to_compute(base[chunk * stride]);
-  } else {
-    const Pack<T, VEC> v = *reinterpret_cast<const Pack<T, VEC>*>(base + chunk * VEC);
+  const Pack<T, VEC> v = load_raw<T, VEC>(base, chunk, stride);
 #pragma unroll
-    for (int e = 0; e < VEC; ++e) out[e] = to_compute(v.x[e]);
-  }
+  for (int e = 0; e < VEC; ++e) out[e] = to_compute(v.x[e]);
 }
 
 template <typename T, int VEC>
@@ -71,6 +79,12 @@ __device__ inline void store(T* base, int64_t chunk, int64_t stride, const compu
 template <typename C>
 __device__ inline C group_sum(C x, int group) {
   for (int o = group / 2; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+template <typename C>
+__device__ inline C group_max(C x, int group) {
+  for (int o = group / 2; o > 0; o /= 2) x = fmax(x, __shfl_xor_sync(0xffffffffu, x, o));
   return x;
 }
 
@@ -121,12 +135,44 @@ struct ForwardParams {
   bool stacked;
 };
 
+// Stack form with n <= group: lane j of a cell's group reads LSE j, so the n
+// reads wait for memory once, and leaves weight j in shared memory for the
+// whole group. Sums run in state order, as in cell_max_and_total.
+template <typename C, typename SAt>
+__device__ inline void cell_weights_cooperative(bool valid, int64_t num_states, SAt s_at, C k,
+                                                const WarpTiling& tile, C* weights, C& m,
+                                                C& total) {
+  const int j = tile.lane_in_group;
+  const C sj = (valid && j < num_states) ? static_cast<C>(s_at(j)) : neg_infinity<C>();
+  m = group_max(sj, tile.group);
+  weights[j] = (m != neg_infinity<C>() && j < num_states) ? state_weight<C>(sj, m, k) : C(0);
+  __syncwarp();
+  total = 0;
+  for (int64_t i = 0; i < num_states; ++i) total += weights[i];
+}
+
+// Weighted sum of one chunk, normalised. Accumulators start at -0, the
+// identity of addition, and a state of weight 0 is never added: a lone state
+// comes back bit for bit (signed zeros included), whatever an empty state
+// holds. Both forward kernels finish a chunk here, so the pair and the stack
+// forms round alike.
+template <typename C, int VEC>
+__device__ inline void normalise(C (&acc)[VEC], C total) {
+  const C scale = inverse_total(total);
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) acc[e] = total > 0 ? acc[e] * scale : C(0);
+}
+
+// Stack form: state i of a cell is v[0] + i * v_state_stride.
 template <typename T, int VEC, typename Index>
 __global__ void __launch_bounds__(256)
-merge_forward_kernel(ForwardParams<T> p, OffsetCalculator<kFwCount, Index> calc, int64_t cells,
-                     int group) {
+merge_stack_forward_kernel(ForwardParams<T> p, OffsetCalculator<kFwCount, Index> calc,
+                           int64_t cells, int group) {
   using C = compute_t<T>;
+  __shared__ C weight_slots[256];  // one per thread: see cell_weights_cooperative
   const WarpTiling tile(group);
+  C* const weights = weight_slots + (threadIdx.x - tile.lane_in_group);
+  const bool cooperative = p.num_states <= group;
   const int64_t chunks = (p.head_dim + VEC - 1) / VEC;
   const C k = p.log2_scale;
   for (int64_t base = tile.warp * tile.cells_per_warp; base < cells;
@@ -135,60 +181,107 @@ merge_forward_kernel(ForwardParams<T> p, OffsetCalculator<kFwCount, Index> calc,
     const bool valid = cell < cells;
     int64_t off[kFwCount] = {};
     if (valid) calc.get(static_cast<Index>(cell), off);
-    auto s_at = [&](int64_t i) {
-      return *state_ptr(p.s, p.stacked, p.s_state_stride, off[kFwS0], off[kFwS1], i);
-    };
-    // Pair form: the first chunk of both states is requested before the LSEs
-    // are used, so a cell waits for memory once rather than twice.
-    const int64_t c0 = tile.lane_in_group;
-    C x0[VEC], x1[VEC];
-    if (valid && !p.stacked && c0 < chunks) {
-      load<T, VEC>(p.v[0] + off[kFwV0], c0, p.inner[kFwV0], x0);
-      load<T, VEC>(p.v[1] + off[kFwV1], c0, p.inner[kFwV1], x1);
-    }
+    auto s_at = [&](int64_t i) { return p.s[0][off[kFwS0] + i * p.s_state_stride]; };
     C m, total;
-    cell_max_and_total(valid, p.num_states, s_at, k, m, total);
+    if (cooperative) {
+      cell_weights_cooperative(valid, p.num_states, s_at, k, tile, weights, m, total);
+    } else {
+      cell_max_and_total(valid, p.num_states, s_at, k, m, total);
+    }
     if (valid) {
-      for (int64_t c = c0; c < chunks; c += group) {
-        // Accumulators start at -0, the identity of addition, and a state of
-        // weight 0 is never added: a lone state comes back bit for bit
-        // (signed zeros included), whatever an empty state holds.
+      for (int64_t c = tile.lane_in_group; c < chunks; c += group) {
         C acc[VEC];
 #pragma unroll
         for (int e = 0; e < VEC; ++e) acc[e] = -C(0);
         if (m != neg_infinity<C>()) {
-          if (!p.stacked) {
-            if (c != c0) {
-              load<T, VEC>(p.v[0] + off[kFwV0], c, p.inner[kFwV0], x0);
-              load<T, VEC>(p.v[1] + off[kFwV1], c, p.inner[kFwV1], x1);
-            }
-            const C w0 = state_weight<C>(s_at(0), m, k), w1 = state_weight<C>(s_at(1), m, k);
+#pragma unroll 4
+          for (int64_t i = 0; i < p.num_states; ++i) {
+            // Loaded unconditionally so several loads are in flight.
+            const Pack<T, VEC> x =
+                load_raw<T, VEC>(p.v[0] + off[kFwV0] + i * p.v_state_stride, c, p.inner[kFwV0]);
+            const C w = cooperative ? weights[i] : state_weight<C>(s_at(i), m, k);
 #pragma unroll
             for (int e = 0; e < VEC; ++e) {
-              if (w0 != 0) acc[e] += w0 * x0[e];
-              if (w1 != 0) acc[e] += w1 * x1[e];
-            }
-          } else {
-#pragma unroll 4
-            for (int64_t i = 0; i < p.num_states; ++i) {
-              C x[VEC];  // loaded unconditionally so several loads are in flight
-              load<T, VEC>(p.v[0] + off[kFwV0] + i * p.v_state_stride, c, p.inner[kFwV0], x);
-              const C w = state_weight<C>(s_at(i), m, k);
-#pragma unroll
-              for (int e = 0; e < VEC; ++e) acc[e] = w != 0 ? acc[e] + w * x[e] : acc[e];
+              acc[e] = w != 0 ? acc[e] + w * to_compute(x.x[e]) : acc[e];
             }
           }
         }
-        // Divide (not multiply by 1/W) so a lone state comes back unchanged.
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) acc[e] = total > 0 ? acc[e] / total : C(0);
+        normalise(acc, total);
         store<T, VEC>(p.v_out + off[kFwVOut], c, p.inner[kFwVOut], acc);
       }
     }
-    // Every lane has read its cell's LSEs before any lane overwrites one
-    // (the in-place merge writes s_out over s[0]).
+    // Every lane is done with this cell's weight slots before the next cell
+    // overwrites them.
     __syncwarp();
     if (valid && tile.lane_in_group == 0) p.s_out[off[kFwSOut]] = merged_lse(m, total, k);
+  }
+}
+
+// Pair form (merge_state, merge_state_). A group merges U cells per step and
+// requests each cell's first chunk of both states and both LSEs before using
+// any, so a cell waits for memory once. U trades loads in flight against
+// registers (occupancy); see forward_typed.
+// 16-bit types: 5 blocks per SM (48 registers) measured faster than 4.
+template <typename T, int VEC, typename Index, int U>
+__global__ void __launch_bounds__(256, sizeof(T) <= 2 ? 5 : 1)
+merge_pair_forward_kernel(ForwardParams<T> p, OffsetCalculator<kFwCount, Index> calc,
+                          int64_t cells, int group) {
+  using C = compute_t<T>;
+  const WarpTiling tile(group);
+  const int64_t chunks = (p.head_dim + VEC - 1) / VEC;
+  const int64_t c0 = tile.lane_in_group;
+  const C k = p.log2_scale;
+  const int64_t step = int64_t{tile.cells_per_warp} * U;
+  for (int64_t base = tile.warp * step; base < cells; base += tile.num_warps * step) {
+    int64_t off[U][kFwCount];
+    bool valid[U];
+    Pack<T, VEC> x0[U], x1[U];
+    C s0[U], s1[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t cell = base + int64_t{u} * tile.cells_per_warp + tile.sub;
+      valid[u] = cell < cells;
+      if (valid[u]) {
+        calc.get(static_cast<Index>(cell), off[u]);
+        if (c0 < chunks) {
+          x0[u] = load_raw<T, VEC>(p.v[0] + off[u][kFwV0], c0, p.inner[kFwV0]);
+          x1[u] = load_raw<T, VEC>(p.v[1] + off[u][kFwV1], c0, p.inner[kFwV1]);
+        }
+        s0[u] = p.s[0][off[u][kFwS0]];
+        s1[u] = p.s[1][off[u][kFwS1]];
+      }
+    }
+    // Every lane has read its cells' LSEs before any lane overwrites one
+    // (the in-place merge writes s_out over s[0]; each lane rewrites only
+    // the v chunks it has itself read).
+    __syncwarp();
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (!valid[u]) continue;
+      const C m = fmax(s0[u], s1[u]);
+      C w0 = 0, w1 = 0;
+      if (m != neg_infinity<C>()) {
+        w0 = state_weight<C>(s0[u], m, k);
+        w1 = state_weight<C>(s1[u], m, k);
+      }
+      const C total = w0 + w1;
+      for (int64_t c = c0; c < chunks; c += group) {
+        if (c != c0) {
+          x0[u] = load_raw<T, VEC>(p.v[0] + off[u][kFwV0], c, p.inner[kFwV0]);
+          x1[u] = load_raw<T, VEC>(p.v[1] + off[u][kFwV1], c, p.inner[kFwV1]);
+        }
+        C acc[VEC];
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          acc[e] = -C(0);
+          if (w0 != 0) acc[e] += w0 * to_compute(x0[u].x[e]);
+          if (w1 != 0) acc[e] += w1 * to_compute(x1[u].x[e]);
+        }
+        normalise(acc, total);
+        store<T, VEC>(p.v_out + off[u][kFwVOut], c, p.inner[kFwVOut], acc);
+      }
+      if (tile.lane_in_group == 0) p.s_out[off[u][kFwSOut]] = merged_lse(m, total, k);
+    }
   }
 }
 
@@ -314,11 +407,12 @@ bool vector_ok(int64_t head_dim, const int64_t (&inner)[NT], const int* v_slots,
   return true;
 }
 
+// cells_per_step: cells a lane group takes per loop step (U of the pair kernel).
 template <typename Kernel, typename Params, typename Calc>
 KernelStatus launch(Kernel kernel, const Params& params, const Calc& calc, int64_t cells,
-                    int group, cudaStream_t stream) {
+                    int group, cudaStream_t stream, int cells_per_step = 1) {
   const int threads = 256;
-  const int64_t cells_per_block = (threads / 32) * (32 / group);
+  const int64_t cells_per_block = (threads / 32) * (32 / group) * cells_per_step;
   int64_t blocks = ceil_div(cells, cells_per_block);
   if (blocks > (int64_t{1} << 20)) blocks = int64_t{1} << 20;  // the loop covers the rest
   kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(params, calc, cells, group);
@@ -365,12 +459,21 @@ KernelStatus forward_typed(const MergeForwardArgs& a, cudaStream_t stream) {
                                               a.cells.rank, extra, 1) &&
                        a.inner_strides[kFwVOut] == 1;
   const int group = next_pow2_at_most_32(ceil_div(a.head_dim, use_vec ? vec : 1));
+  // Pair cells per step, measured on H100 ([8192, 32, 128], 16-byte
+  // vectors): occupancy beats loads in flight for 16-bit types (1 cell:
+  // 81 us, 2: 88, 4: 106), while float32 gains from a second (1: 153 us,
+  // 2: 137, 4: 145).
+  constexpr int kPairCellsPerStep = sizeof(T) <= 2 ? 1 : 2;
   return with_vec_and_index<vec>(use_vec, cells, [&](auto vec_c, auto index_c) {
     using Index = decltype(index_c);
-    return launch(merge_forward_kernel<T, decltype(vec_c)::value, Index>, p,
-                  make_offset_calculator<kFwCount, Index>(a.cells.rank, a.cells.sizes,
-                                                          a.cell_strides),
-                  cells, group, stream);
+    constexpr int kVec = decltype(vec_c)::value;
+    const auto calc = make_offset_calculator<kFwCount, Index>(a.cells.rank, a.cells.sizes,
+                                                              a.cell_strides);
+    if (a.stacked) {
+      return launch(merge_stack_forward_kernel<T, kVec, Index>, p, calc, cells, group, stream);
+    }
+    return launch(merge_pair_forward_kernel<T, kVec, Index, kPairCellsPerStep>, p, calc, cells,
+                  group, stream, kPairCellsPerStep);
   });
 }
 

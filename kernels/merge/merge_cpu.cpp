@@ -60,8 +60,9 @@ void forward(const MergeForwardArgs& a) {
     // Results are written only after every input of the cell was read, so
     // the in-place form (outputs aliasing state 0) is safe.
     C* vo = static_cast<C*>(a.v_out) + off[kFwVOut];
+    const C scale = inverse_total(total);
     for (int64_t j = 0; j < D; ++j) {
-      vo[j * a.inner_strides[kFwVOut]] = total > 0 ? acc[j] / total : C(0);
+      vo[j * a.inner_strides[kFwVOut]] = total > 0 ? acc[j] * scale : C(0);
     }
     static_cast<C*>(a.s_out)[off[kFwSOut]] = merged_lse(m, total, k);
   }

@@ -37,6 +37,16 @@ BARACUDA_HOST_DEVICE inline C state_weight(C s, C m, C log2_scale) {
   return merge_exp2((s - m) * log2_scale);
 }
 
+// Factor that turns the weighted sum into the merged vector: 1 / W (callers
+// write +0 themselves where W == 0, a cell of empty states). A multiply, not
+// a divide, per element: the divide was most of the bf16 kernel's
+// instructions. Exact where exactness is promised, since a lone non-empty
+// state has W == 1 exactly.
+template <typename C>
+BARACUDA_HOST_DEVICE inline C inverse_total(C total_weight) {
+  return total_weight > 0 ? C(1) / total_weight : C(0);
+}
+
 // LSE of the merged cell: m + log_b(W). W >= 1 whenever m > -inf, and
 // W == 1 (one non-empty state) gives m exactly.
 template <typename C>
