@@ -34,6 +34,8 @@ from typing import Tuple
 import torch
 from torch import Tensor
 
+from . import _no_grad_call
+
 _OPS = torch.ops.baracuda
 
 
@@ -50,7 +52,8 @@ def merge_state(v_a: Tensor, s_a: Tensor, v_b: Tensor, s_b: Tensor, *,
         >>> out, lse = merge_state(out_prefix, lse_prefix, out_suffix, lse_suffix,
         ...                        lse_base="e")
     """
-    return _OPS.merge_state.default(v_a, s_a, v_b, s_b, lse_base)
+    return _no_grad_call.call(_OPS.merge_state.default, (v_a, s_a, v_b, s_b),
+                              v_a, s_a, v_b, s_b, lse_base)
 
 
 def merge_state_(v: Tensor, s: Tensor, v_other: Tensor, s_other: Tensor, *,
@@ -75,7 +78,7 @@ def merge_states(v: Tensor, s: Tensor, *, lse_base: str = "2") -> Tuple[Tensor, 
         >>> s = torch.randn(4096, 8, 32)
         >>> out, lse = merge_states(v, s)               # [4096, 32, 128], [4096, 32]
     """
-    return _OPS.merge_states.default(v, s, lse_base)
+    return _no_grad_call.call(_OPS.merge_states.default, (v, s), v, s, lse_base)
 
 
 # ---------------------------------------------------------------- fake kernels
