@@ -64,6 +64,11 @@ def _pair_cases(device, shape, dtype, label, graph_rows):
         Case(f"merge_state_ (in place) {label}", ours=in_place, peer=ours,
              peer_name="ours, out of place", **common),
     ]
+    if cells <= 1024:
+        # Host-bound: the floor is what one small torch kernel costs per call.
+        floor = rotate([lambda a=a, b=b: torch.add(a[0], b[0]) for a, b in sets])
+        cases.append(Case(f"merge_state {label}", ours=ours, peer=floor,
+                          peer_name="floor: one torch.add launch", **common))
     if graph_rows:
         cases.append(Case(f"merge_state {label}, CUDA graph", ours=ours, peer=comp,
                           peer_name="torch.compile formula", graph=True, **common))
