@@ -8,10 +8,17 @@ functions, their fake kernels for torch.compile, and their autograd formulas.
 import torch  # noqa: F401  (must be loaded before the extension)
 
 from . import _C  # noqa: F401  (registers torch.ops.baracuda.*)
+from . import masks  # noqa: F401
+from .block_sparse_attention import (attention_flops, block_sparse_attention,
+                                     block_sparse_attention_path)
 from .merge import merge_state, merge_state_, merge_states
 from .write_slice import write_slice, write_slice_, write_slice_at_, write_slice_path
 
 __all__ = [
+    "attention_flops",
+    "block_sparse_attention",
+    "block_sparse_attention_path",
+    "masks",
     "merge_state",
     "merge_state_",
     "merge_states",

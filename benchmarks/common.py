@@ -28,6 +28,9 @@ class Case:
     graph: bool = False         # time per call inside a replayed CUDA graph
     note: str = ""              # footnote printed under the table
     reps: int = 50
+    # Compute-bound ops: matmul FLOPs per call. When set, the throughput columns
+    # read TFLOP/s (of ours and of the peer doing the same useful work).
+    flops: float = 0.0
 
 
 def n_sets(touched_bytes: int, cap: int = 8) -> int:

@@ -55,6 +55,9 @@ else
     echo "baracuda_torch.__main__ not present: main job skipped" | tee "$OUT/main.log"
 fi
 step bench "$OUT/bench.log" "$PY" benchmarks/run.py --out "$OUT/results.md"
+# Time vs sparsity plot (CSV always, PNG when matplotlib is installed).
+step plot "$OUT/plot.log" "$PY" benchmarks/plot_block_sparse_attention.py
+cp benchmarks/block_sparse_attention_sparsity.* "$OUT"/ 2>/dev/null || true
 
 echo
 echo "== summary"

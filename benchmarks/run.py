@@ -105,13 +105,15 @@ def run_family(family, device, quick, roofline, notes):
             notes.append(f"{case.name}: failed: {type(e).__name__}: {e}".splitlines()[0])
             rows.append([family, f"{name} [{len(notes)}]", case.dtype] + [""] * 7)
             continue
-        gbs = lambda us: case.bytes_moved / us / 1e3  # noqa: E731
-        rows.append([
-            family, name, case.dtype, fmt(ours, ".2f"), case.peer_name, fmt(peer, ".2f"),
-            fmt(peer / ours if peer else None, ".2f") + ("×" if peer else ""),
-            fmt(gbs(ours), ".1f"), fmt(gbs(peer) if peer else None, ".1f"),
-            fmt(100 * gbs(ours) / roofline, ".1f"),
-        ])
+        speed = [fmt(peer / ours if peer else None, ".2f") + ("×" if peer else "")]
+        if case.flops:
+            tflops = lambda us: f"{case.flops / us / 1e6:.1f} TFLOP/s"  # noqa: E731
+            speed += [tflops(ours), tflops(peer) if peer else "", ""]
+        else:
+            gbs = lambda us: case.bytes_moved / us / 1e3  # noqa: E731
+            speed += [fmt(gbs(ours), ".1f"), fmt(gbs(peer) if peer else None, ".1f"),
+                      fmt(100 * gbs(ours) / roofline, ".1f")]
+        rows.append([family, name, case.dtype, fmt(ours, ".2f"), case.peer_name, fmt(peer, ".2f")] + speed)
     return rows
 
 

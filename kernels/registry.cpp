@@ -45,4 +45,15 @@ TORCH_LIBRARY(baracuda, m) {
   m.def("merge_states_backward(Tensor grad_v, Tensor? grad_s, Tensor v, Tensor s, "
         "str lse_base) -> (Tensor, Tensor)",
         {at::Tag::pt2_compliant_tag});
+
+  // ---- block-sparse attention forward: only the key blocks the mask keeps ----
+  // block_mask: bool/uint8 [B or 1, H or 1, ceil(Lq/block_q), ceil(Lk/block_k)]
+  // (or its last two axes flattened). scale=None: 1/sqrt(head_dim). Returns
+  // (out [B, H, Lq, Dv], lse [B, H, Lq], natural log).
+  m.def("block_sparse_attention(Tensor q, Tensor k, Tensor v, Tensor block_mask, int block_q, "
+        "int block_k, float? scale=None, bool is_causal=False) -> (Tensor, Tensor)",
+        {at::Tag::pt2_compliant_tag});
+  // Which executor block_sparse_attention takes for these arguments (for tests).
+  m.def("block_sparse_attention_path(Tensor q, Tensor k, Tensor v, Tensor block_mask, "
+        "int block_q, int block_k, float? scale=None, bool is_causal=False) -> str");
 }

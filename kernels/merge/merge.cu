@@ -12,6 +12,7 @@
 
 #include <cmath>
 
+#include "common/compute_types.cuh"
 #include "common/cuda_launch.cuh"
 #include "common/offset_calculator.cuh"
 #include "merge/merge_kernels.h"
@@ -20,23 +21,8 @@
 namespace baracuda {
 namespace {
 
-template <typename T> struct ComputeOf { using type = float; };
-template <> struct ComputeOf<double> { using type = double; };
-template <typename T> using compute_t = typename ComputeOf<T>::type;
 // LSE storage: float32, except float64 with float64 states.
 template <typename T> using lse_t = compute_t<T>;
-
-__device__ inline float to_compute(__half x) { return __half2float(x); }
-__device__ inline float to_compute(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ inline float to_compute(float x) { return x; }
-__device__ inline double to_compute(double x) { return x; }
-template <typename T> __device__ inline T from_compute(compute_t<T> x);
-template <> __device__ inline __half from_compute<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ inline __nv_bfloat16 from_compute<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <> __device__ inline float from_compute<float>(float x) { return x; }
-template <> __device__ inline double from_compute<double>(double x) { return x; }
 
 // VEC consecutive elements, moved as one access when VEC > 1.
 template <typename T, int VEC>

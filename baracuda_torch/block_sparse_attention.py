@@ -1,0 +1,142 @@
+"""Block-sparse scaled-dot-product attention (forward).
+
+Attention in which the score matrix is cut into ``block_q x block_k`` tiles
+and a boolean *block mask* says which tiles exist; the tiles that are off
+cost nothing (their keys and values are never read)::
+
+    out[b, h, i] = sum_j softmax_j(scale * q[b, h, i] . k[b, g, j]) v[b, g, j]
+
+over the keys ``j`` whose block ``j // block_k`` is on in row ``i // block_q``
+of ``block_mask[b, h]`` (and ``j <= i`` with ``is_causal``), where
+``g = h // (H // Hkv)`` (grouped-query attention). Builders for the usual
+patterns (causal, sliding window with sinks, BigBird, dilated, random, from a
+dense mask or a FlexAttention ``BlockMask``) live in :mod:`baracuda_torch.masks`.
+
+================  ===========================================================
+tensor            shape
+================  ===========================================================
+q                 ``[B, H, Lq, D]``
+k                 ``[B, Hkv, Lk, D]``, ``H % Hkv == 0``
+v                 ``[B, Hkv, Lk, Dv]``
+block_mask        ``[B or 1, H or 1, ceil(Lq / block_q), ceil(Lk / block_k)]``
+                  bool or uint8 (or the last two axes flattened into one)
+out               ``[B, H, Lq, Dv]``, q's dtype
+lse               ``[B, H, Lq]``, natural log; float32 (float64 for float64 q)
+================  ===========================================================
+
+Dtypes: float16 / bfloat16 (tensor cores on CUDA, float32 accumulation),
+float32 and float64. Head dims up to 256; any strides. A query row that sees
+no key gets ``out = 0`` and ``lse = -inf`` -- the empty attention state, so
+results combine with :func:`baracuda_torch.merge_state` (``lse_base="e"``).
+Forward only for now: backward raises an error.
+"""
+
+import math
+from typing import Tuple, Union
+
+import torch
+from torch import Tensor
+
+_OPS = torch.ops.baracuda
+
+BlockSize = Union[int, Tuple[int, int]]
+
+
+def block_sizes(block_size: BlockSize) -> Tuple[int, int]:
+    """``(block_q, block_k)`` from an int or a pair; both must be positive."""
+    if isinstance(block_size, int):
+        pair = (block_size, block_size)
+    else:
+        pair = tuple(int(b) for b in block_size)
+    if len(pair) != 2 or min(pair) <= 0:
+        raise ValueError(f"block_size={block_size!r} must be a positive int or a pair (block_q, block_k)")
+    return pair
+
+
+def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, *,
+                           block_size: BlockSize = 64, scale: float = None,
+                           is_causal: bool = False, return_lse: bool = False):
+    """Attention over the key blocks that ``block_mask`` keeps.
+
+    Args:
+        q, k, v: ``[B, H, Lq, D]``, ``[B, Hkv, Lk, D]``, ``[B, Hkv, Lk, Dv]``.
+        block_mask: bool/uint8 ``[B or 1, H or 1, nbq, nbk]`` with
+            ``nbq = ceil(Lq / block_q)``, ``nbk = ceil(Lk / block_k)``; size-1
+            axes broadcast. ``[B or 1, H or 1, nbq * nbk]`` is accepted too.
+        block_size: ``block_q = block_k`` (int) or ``(block_q, block_k)``. Any
+            positive sizes are correct; multiples of 64 take the tensor-core
+            path on CUDA for float16/bfloat16 with ``D = Dv`` in {64, 128}.
+        scale: score scale, default ``1 / sqrt(D)``.
+        is_causal: also hide keys after the query (``j > i``), PyTorch's
+            top-left convention; composes with the mask, and key blocks past
+            the diagonal are skipped.
+        return_lse: also return the log-sum-exp of the scores.
+
+    Returns:
+        ``out`` or ``(out, lse)``.
+
+    Example::
+
+        >>> from baracuda_torch import masks
+        >>> q = torch.randn(1, 8, 4096, 128, device="cuda", dtype=torch.bfloat16)
+        >>> k, v = torch.randn_like(q), torch.randn_like(q)
+        >>> m = masks.sliding_window(4096, 4096, window=1024, block_size=128, sink_blocks=1)
+        >>> out = block_sparse_attention(q, k, v, m.cuda(), block_size=128, is_causal=True)
+    """
+    bq, bk = block_sizes(block_size)
+    out, lse = _OPS.block_sparse_attention.default(q, k, v, block_mask, bq, bk, scale, is_causal)
+    return (out, lse) if return_lse else out
+
+
+def block_sparse_attention_path(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, *,
+                                block_size: BlockSize = 64, scale: float = None,
+                                is_causal: bool = False) -> str:
+    """Which executor :func:`block_sparse_attention` runs these arguments on:
+    ``"cpu"``, ``"cuda_generic"`` or ``"cuda_tensor_core"``."""
+    bq, bk = block_sizes(block_size)
+    return _OPS.block_sparse_attention_path.default(q, k, v, block_mask, bq, bk, scale, is_causal)
+
+
+def attention_flops(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor,
+                    block_size: BlockSize = 64, is_causal: bool = False) -> float:
+    """Matmul FLOPs of the (query, key) pairs the call computes: ``2 (D + Dv)``
+    per visible pair (QK^T and PV), summed over the tiles that are on -- the
+    work done, for TFLOP/s figures."""
+    bq, bk = block_sizes(block_size)
+    B, H, Lq, D = q.shape
+    Lk = k.shape[2]
+    nbq, nbk = math.ceil(Lq / bq), math.ceil(Lk / bk)
+    m = block_mask.reshape(block_mask.shape[0], block_mask.shape[1], nbq, nbk)
+    tiles = m.expand(B, H, nbq, nbk).sum(dim=(0, 1)).double().cpu()  # heads x batch on per tile
+    rows = torch.arange(Lq, dtype=torch.float64)[:, None]
+    first = torch.arange(nbk, dtype=torch.float64)[None, :] * bk
+    width = torch.clamp(first + bk, max=Lk) - first
+    visible = torch.clamp(rows - first + 1, min=0).minimum(width) if is_causal else width.expand(Lq, nbk)
+    pairs = (tiles[torch.arange(Lq) // bq] * visible).sum()
+    return 2.0 * float(pairs) * (D + v.shape[-1])
+
+
+# ---------------------------------------------------------------- fake kernel
+
+
+@torch.library.register_fake("baracuda::block_sparse_attention")
+def _block_sparse_attention_fake(q, k, v, block_mask, block_q, block_k, scale=None, is_causal=False):
+    B, H, Lq, _ = q.shape
+    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    return q.new_empty((B, H, Lq, v.shape[-1])), q.new_empty((B, H, Lq), dtype=lse_dtype)
+
+
+# ---------------------------------------------------------------- autograd
+
+
+def _setup(ctx, inputs, output):
+    pass
+
+
+def _backward(ctx, grad_out, grad_lse):
+    raise RuntimeError(
+        "baracuda::block_sparse_attention: the backward pass is not available yet; "
+        "run it under torch.no_grad() or on detached inputs")
+
+
+torch.library.register_autograd("baracuda::block_sparse_attention", _backward, setup_context=_setup)

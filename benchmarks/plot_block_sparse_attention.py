@@ -1,0 +1,84 @@
+"""Time vs sparsity of block-sparse attention, FlexAttention and dense SDPA.
+
+    PYTHONPATH=. python benchmarks/plot_block_sparse_attention.py [--quick]
+
+Random block masks (causal off) at several densities, bf16, B=4, H=16,
+L=8192, D=128, block 128. Always writes the numbers to
+``benchmarks/block_sparse_attention_sparsity.csv``; also draws
+``block_sparse_attention_sparsity.png`` when matplotlib is installed.
+"""
+
+import argparse
+import csv
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import baracuda_torch as bt  # noqa: E402
+from baracuda_torch import masks  # noqa: E402
+from baracuda_torch._timing import median_us  # noqa: E402
+from bench_block_sparse_attention import flex, flex_block_mask  # noqa: E402
+
+DENSITIES = [1.0, 0.5, 0.3, 0.2, 0.1, 0.05]
+
+
+def measure(device, quick):
+    B, H, L, D, bs = (1, 2, 1024, 128, 128) if quick else (4, 16, 8192, 128, 128)
+    q, k, v = (torch.randn(B, H, L, D, device=device, dtype=torch.bfloat16) for _ in range(3))
+    dense_us = median_us(lambda: F.scaled_dot_product_attention(q, k, v), device, reps=10)
+    rows = []
+    for density in DENSITIES:
+        m = masks.random(L, L, bs, density=density, batch=B, heads=H,
+                         generator=torch.Generator().manual_seed(0)).to(device)
+        ours_us = median_us(lambda: bt.block_sparse_attention(q, k, v, m, block_size=bs), device, reps=10)
+        flex_us = None
+        if device.type == "cuda":
+            bm = flex_block_mask(m, L, bs, False)
+            flex_us = median_us(lambda: flex()(q, k, v, block_mask=bm), device, reps=10)
+        rows.append(dict(sparsity=1 - float(m.float().mean()), ours_us=ours_us, flex_us=flex_us,
+                         dense_sdpa_us=dense_us))
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = ap.parse_args()
+    rows = measure(torch.device(args.device), args.quick)
+    base = os.path.join(HERE, "block_sparse_attention_sparsity")
+    with open(base + ".csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    print(open(base + ".csv").read(), end="")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: wrote the CSV only")
+        return
+    x = [100 * r["sparsity"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(x, [r["ours_us"] / 1e3 for r in rows], "o-", label="baracuda block_sparse_attention")
+    if rows[0]["flex_us"] is not None:
+        ax.plot(x, [r["flex_us"] / 1e3 for r in rows], "s-", label="FlexAttention (compiled)")
+    ax.plot(x, [r["dense_sdpa_us"] / 1e3 for r in rows], "--", label="dense SDPA")
+    ax.set_xlabel("tiles off (%)")
+    ax.set_ylabel("time (ms)")
+    ax.set_title(f"bf16 attention, random block mask, {args.device}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(base + ".png", dpi=120)
+    print(f"wrote {base}.png")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+// Generic CUDA executor of block-sparse attention: any dtype, head dims up to
+// 256, any block sizes and strides. The correctness path behind the
+// tensor-core kernel, not a fast one.
+//
+// One warp per query row. Lane l holds q[d] and the output accumulator for
+// d = l, l + 32, ... (up to 8 of each); a key's score is a warp-wide sum, and
+// the online softmax runs key by key in registers. Warps of one CTA take
+// neighbouring rows of one head, so they share the K/V lines in L1/L2.
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "block_sparse_attention/block_sparse_attention_kernels.h"
+#include "common/compute_types.cuh"
+#include "common/cuda_launch.cuh"
+
+namespace baracuda {
+namespace {
+
+constexpr int kWarpsPerCta = 4;
+constexpr int kPerLane = 256 / 32;  // the largest head dim, spread over a warp
+constexpr double kLog2e = 1.4426950408889634;
+constexpr double kLn2 = 0.6931471805599453;
+
+template <typename C>
+__device__ inline C warp_sum(C x) {
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kWarpsPerCta * 32)
+    generic_attention(const BlockSparseAttentionArgs a, int64_t rows) {
+  using C = compute_t<T>;
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerCta;
+  const T* q = static_cast<const T*>(a.q);
+  const T* k = static_cast<const T*>(a.k);
+  const T* v = static_cast<const T*>(a.v);
+  // Scores are kept in log2 units: the scale and log2(e) fold into q once.
+  const C scale_log2 = static_cast<C>(a.scale * kLog2e);
+  const int64_t group = a.heads / a.kv_heads;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerCta + threadIdx.x / 32; row < rows;
+       row += warps) {
+    const int64_t i = row % a.q_len;
+    const int64_t bh = row / a.q_len;
+    const int64_t h = bh % a.heads, b = bh / a.heads, g = h / group;
+    const T* qi = q + b * a.q_strides[0] + h * a.q_strides[1] + i * a.q_strides[2];
+    const T* kbase = k + b * a.k_strides[0] + g * a.k_strides[1];
+    const T* vbase = v + b * a.v_strides[0] + g * a.v_strides[1];
+    C qr[kPerLane], acc[kPerLane];
+#pragma unroll
+    for (int c = 0; c < kPerLane; ++c) {
+      const int64_t d = lane + 32 * c;
+      qr[c] = d < a.head_dim ? to_compute(qi[d * a.q_strides[3]]) * scale_log2 : C(0);
+      acc[c] = 0;
+    }
+    C m = -static_cast<C>(INFINITY), l = 0;
+    const uint8_t* mrow = mask_row(a, b, h, i / a.block_q);
+    const int64_t key_end = visible_key_end(a, i);
+    for (int64_t kb = 0; kb * a.block_k < key_end; ++kb) {
+      if (!key_block_on(a, mrow, kb)) continue;  // uniform across the warp
+      const int64_t j_end = min(key_end, (kb + 1) * a.block_k);
+      for (int64_t j = kb * a.block_k; j < j_end; ++j) {
+        const T* kj = kbase + j * a.k_strides[2];
+        C part = 0;
+#pragma unroll
+        for (int c = 0; c < kPerLane; ++c) {
+          const int64_t d = lane + 32 * c;
+          if (d < a.head_dim) part += qr[c] * to_compute(kj[d * a.k_strides[3]]);
+        }
+        const C s = warp_sum(part);
+        const C m_new = max(m, s);
+        const C corr = exp2(m - m_new);  // 0 on the first key (m = -inf)
+        const C p = exp2(s - m_new);
+        l = l * corr + p;
+        const T* vj = vbase + j * a.v_strides[2];
+#pragma unroll
+        for (int c = 0; c < kPerLane; ++c) {
+          const int64_t e = lane + 32 * c;
+          if (e < a.v_dim) acc[c] = acc[c] * corr + p * to_compute(vj[e * a.v_strides[3]]);
+        }
+        m = m_new;
+      }
+    }
+    T* oi = static_cast<T*>(a.out) + b * a.out_strides[0] + h * a.out_strides[1] + i * a.out_strides[2];
+#pragma unroll
+    for (int c = 0; c < kPerLane; ++c) {
+      const int64_t e = lane + 32 * c;
+      if (e < a.v_dim) oi[e * a.out_strides[3]] = from_compute<T>(l > 0 ? acc[c] / l : C(0));
+    }
+    if (lane == 0) {
+      // An empty row (l = 0) is the empty state: lse = -inf.
+      static_cast<C*>(a.lse)[b * a.lse_strides[0] + h * a.lse_strides[1] + i * a.lse_strides[2]] =
+          l > 0 ? (m + log2(l)) * static_cast<C>(kLn2) : -static_cast<C>(INFINITY);
+    }
+  }
+}
+
+template <typename T>
+KernelStatus launch(const BlockSparseAttentionArgs& a, cudaStream_t stream) {
+  const int64_t rows = a.batch * a.heads * a.q_len;
+  if (rows == 0) return KernelStatus::ok();
+  // Rows beyond the grid are taken by the grid-stride loop.
+  const int64_t ctas = std::min<int64_t>(ceil_div(rows, kWarpsPerCta), int64_t{1} << 20);
+  generic_attention<T><<<static_cast<unsigned>(ctas), kWarpsPerCta * 32, 0, stream>>>(a, rows);
+  return launch_status();
+}
+
+}  // namespace
+
+KernelStatus block_sparse_attention_generic_cuda(const BlockSparseAttentionArgs& a, void* stream) {
+  if (a.head_dim > 256 || a.v_dim > 256) return KernelStatus::invalid("head dims above 256");
+  const auto s = static_cast<cudaStream_t>(stream);
+  switch (a.dtype) {
+    case AttentionDtype::kFloat16: return launch<__half>(a, s);
+    case AttentionDtype::kBFloat16: return launch<__nv_bfloat16>(a, s);
+    case AttentionDtype::kFloat32: return launch<float>(a, s);
+    case AttentionDtype::kFloat64: return launch<double>(a, s);
+  }
+  return KernelStatus::invalid("unknown dtype");
+}
+
+}  // namespace baracuda

@@ -1,0 +1,101 @@
+// Launchers of the block-sparse attention family, over raw pointers.
+//
+//   out[b, h, i] = sum_j softmax_j(scale * <q[b, h, i], k[b, g, j]>) v[b, g, j]
+//   lse[b, h, i] = log sum_j exp(scale * <q[b, h, i], k[b, g, j]>)   (natural log)
+//
+// over the keys j that are visible to query i: key block j / block_k is on in
+// the mask row of query block i / block_q, and, with `causal`, j <= i (the
+// top-left convention of torch's is_causal). g = h / (heads / kv_heads)
+// (grouped-query attention). A row with no visible key gets out = 0 and
+// lse = -inf, the empty attention state. Key blocks that are off are never
+// read.
+#pragma once
+
+#include <cstdint>
+
+#include "common/status.h"
+#include "common/unit_types.h"
+
+namespace baracuda {
+
+enum class AttentionDtype : int { kFloat16, kBFloat16, kFloat32, kFloat64 };
+
+struct BlockSparseAttentionArgs {
+  AttentionDtype dtype = AttentionDtype::kFloat32;  // of q, k, v, out
+  int64_t batch = 0, heads = 0, kv_heads = 0;
+  int64_t q_len = 0, k_len = 0;
+  int64_t head_dim = 0;  // of q and k
+  int64_t v_dim = 0;     // of v and out
+  int64_t block_q = 1, block_k = 1;            // mask granularity, in rows / keys
+  int64_t num_q_blocks = 0, num_k_blocks = 0;  // ceil(q_len / block_q), ceil(k_len / block_k)
+  double scale = 1.0;
+  bool causal = false;
+  const void* q = nullptr;  // [batch, heads, q_len, head_dim]
+  const void* k = nullptr;  // [batch, kv_heads, k_len, head_dim]
+  const void* v = nullptr;  // [batch, kv_heads, k_len, v_dim]
+  void* out = nullptr;      // [batch, heads, q_len, v_dim]
+  void* lse = nullptr;      // [batch, heads, q_len]: float32 (float64 with float64 inputs)
+  // [mask_batch, mask_heads, num_q_blocks, num_k_blocks], nonzero byte = on;
+  // a broadcast axis has stride 0.
+  const uint8_t* mask = nullptr;
+  // Strides in elements, axes in the order of the shapes above.
+  int64_t q_strides[4] = {}, k_strides[4] = {}, v_strides[4] = {}, out_strides[4] = {};
+  int64_t lse_strides[3] = {};
+  int64_t mask_strides[4] = {};
+};
+
+// Which executor a call runs on.
+enum class AttentionPath : int { kHost, kCudaGeneric, kCudaTensorCore };
+
+// Rows of one CTA of the tensor-core kernel for this problem, 0 when that
+// kernel cannot run it: float16/bfloat16, head_dim == v_dim in {64, 128},
+// block_q a multiple of 64, block_k a multiple of 64 (the kernel's key tile),
+// unit inner strides and 16-byte aligned rows of q, k, v and out.
+inline int tensor_core_tile_rows(const BlockSparseAttentionArgs& a) {
+  const bool half = a.dtype == AttentionDtype::kFloat16 || a.dtype == AttentionDtype::kBFloat16;
+  if (!half || a.head_dim != a.v_dim || (a.head_dim != 64 && a.head_dim != 128)) return 0;
+  if (a.block_k % 64 != 0 || a.block_q % 64 != 0) return 0;
+  auto aligned = [](const void* p, const int64_t* s) {
+    // 16 bytes = 8 half elements: every row start must be a multiple of it.
+    return reinterpret_cast<uintptr_t>(p) % 16 == 0 && s[3] == 1 && s[0] % 8 == 0 &&
+           s[1] % 8 == 0 && s[2] % 8 == 0;
+  };
+  if (!aligned(a.q, a.q_strides) || !aligned(a.k, a.k_strides) || !aligned(a.v, a.v_strides) ||
+      !aligned(a.out, a.out_strides)) {
+    return 0;
+  }
+  return a.block_q % 128 == 0 ? 128 : 64;
+}
+
+// Host executor for float32 / float64 (the op layer upcasts half types).
+KernelStatus block_sparse_attention_cpu(const BlockSparseAttentionArgs& a);
+// Any dtype, head dims up to 256, any block sizes and strides.
+KernelStatus block_sparse_attention_generic_cuda(const BlockSparseAttentionArgs& a, void* stream);
+// The mma.sync kernel; only for problems with tensor_core_tile_rows(a) > 0.
+KernelStatus block_sparse_attention_tensor_core_cuda(const BlockSparseAttentionArgs& a,
+                                                     void* stream);
+
+// ---------------------------------------------------------------- visibility
+//
+// Shared by every executor so they agree on which blocks are computed.
+
+// One past the last key visible to any of the query rows [.., last_row]:
+// with causal attention, keys beyond the last row are never visible.
+BARACUDA_HOST_DEVICE inline int64_t visible_key_end(const BlockSparseAttentionArgs& a,
+                                                    int64_t last_row) {
+  if (!a.causal) return a.k_len;
+  return last_row + 1 < a.k_len ? last_row + 1 : a.k_len;
+}
+
+// The mask row of query block qb of head h in batch b.
+BARACUDA_HOST_DEVICE inline const uint8_t* mask_row(const BlockSparseAttentionArgs& a, int64_t b,
+                                                    int64_t h, int64_t qb) {
+  return a.mask + b * a.mask_strides[0] + h * a.mask_strides[1] + qb * a.mask_strides[2];
+}
+
+BARACUDA_HOST_DEVICE inline bool key_block_on(const BlockSparseAttentionArgs& a,
+                                              const uint8_t* row, int64_t kb) {
+  return row[kb * a.mask_strides[3]] != 0;
+}
+
+}  // namespace baracuda

@@ -1,0 +1,353 @@
+// Tensor-core executor of block-sparse attention (float16 / bfloat16,
+// head_dim == v_dim in {64, 128}, block_q and block_k multiples of 64),
+// FlashAttention-2 style on mma.sync.m16n8k16 with float32 accumulation.
+//
+// One CTA owns M query rows (M = 64: 4 warps, M = 128: 8 warps; M divides
+// block_q, so the tile lies in one query block) of one (batch, head); each
+// warp owns 16 rows and keeps their Q fragments, running max / sum and output
+// accumulator in registers. The CTA walks only the key tiles (64 keys) whose
+// mask block is on -- and, with causal attention, only up to the diagonal --
+// loading each K/V tile into shared memory with cp.async, double-buffered
+// so the next tile streams in while the current one is multiplied.
+//
+// Fragment layouts (PTX ISA, mma.m16n8k16 with 16-bit inputs), lane = 4 g + t:
+//   A 16x16 row-major: a0 (g, 2t..2t+1)  a1 (g+8, 2t..)  a2 (g, 2t+8..)  a3 (g+8, 2t+8..)
+//   B 16x8 "col":      b0 (k 2t..2t+1, n g)  b1 (k 2t+8..2t+9, n g)
+//   C/D 16x8 float:    c0 c1 (g, 2t..2t+1)  c2 c3 (g+8, 2t..2t+1)
+// S = Q K^T takes B from K rows (key = n, d = k contiguous: plain ldmatrix);
+// O = P V takes A from S's accumulator (same rows, columns paired) and B from
+// V rows through ldmatrix.trans.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "block_sparse_attention/block_sparse_attention_kernels.h"
+#include "common/cuda_launch.cuh"
+
+namespace baracuda {
+namespace {
+
+constexpr int kKeyTile = 64;  // keys per pipeline stage
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// ---------------------------------------------------------------- PTX wrappers
+
+__device__ inline uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared; bytes beyond `valid` (0 or 16) are zero-filled.
+__device__ inline void cp_async16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(dst)),
+               "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ inline void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ inline void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(p)));
+}
+__device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(p)));
+}
+
+// c += a * b on one m16n8k16 tile.
+template <typename T>
+__device__ inline void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same<T, __half>::value) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// Two floats as one register of two 16-bit values, `lo` in the low half
+// (the lower column index of a fragment pair).
+template <typename T>
+__device__ inline uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same<T, __half>::value) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+}
+
+// ---------------------------------------------------------------- shared tiles
+//
+// A tile is rows x D 16-bit elements, row-major, in 16-byte chunks; chunk c of
+// row r sits at chunk position c ^ (r % 8). ldmatrix reads one chunk column
+// of 8 consecutive rows at once, and the XOR spreads those 8 chunks over all
+// 32 banks instead of one 4-bank group.
+template <int D>
+__device__ inline int swizzled(int row, int chunk) {
+  return row * D + ((chunk ^ (row & 7)) << 3);
+}
+
+// Rows [row0, row0 + ROWS) of a global matrix with unit inner stride into a
+// shared tile; rows at or beyond `len` are zero-filled (a zero key scores
+// finite and is masked to -inf, a zero value row keeps 0 * p finite).
+template <int ROWS, int D, int THREADS, typename T>
+__device__ inline void load_tile(T* tile, const T* src, int64_t row_stride, int64_t row0,
+                                 int64_t len) {
+  constexpr int kChunks = D / 8;
+#pragma unroll
+  for (int idx = threadIdx.x; idx < ROWS * kChunks; idx += THREADS) {
+    const int r = idx / kChunks, c = idx % kChunks;
+    const bool valid = row0 + r < len;
+    // An invalid row still gets a mapped address (row 0); nothing is read from it.
+    const T* from = src + (valid ? row0 + r : 0) * row_stride + c * 8;
+    cp_async16(tile + swizzled<D>(r, c), from, valid);
+  }
+}
+
+// ---------------------------------------------------------------- the kernel
+
+template <typename T, int D, int M>
+__global__ void __launch_bounds__(M / 16 * 32)
+    tensor_core_attention(const BlockSparseAttentionArgs a, int64_t q_tiles) {
+  constexpr int kWarps = M / 16, kThreads = kWarps * 32;
+  constexpr int kKSteps = D / 16;           // k-steps of S = Q K^T
+  constexpr int kSTiles = kKeyTile / 8;     // n-tiles of S (key columns)
+  constexpr int kOTiles = D / 8;            // n-tiles of O (value columns)
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* sq = reinterpret_cast<T*>(smem);       // M x D
+  T* sk = sq + M * D;                       // 2 stages x kKeyTile x D
+  T* sv = sk + 2 * kKeyTile * D;            // 2 stages x kKeyTile x D
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane >> 2, t4 = lane & 3;
+
+  // Work order: query tile outermost, so every head's tile of one rank runs
+  // together; with causal attention the last tiles (the most keys) go first.
+  const int64_t heads_total = a.batch * a.heads;
+  const int64_t rank = blockIdx.x / heads_total, bh = blockIdx.x % heads_total;
+  const int64_t qt = a.causal ? q_tiles - 1 - rank : rank;
+  const int64_t h = bh % a.heads, b = bh / a.heads, kvh = h / (a.heads / a.kv_heads);
+  const int64_t q0 = qt * M;
+  const int64_t q_last = min(q0 + M, a.q_len) - 1;
+  const uint8_t* mrow = mask_row(a, b, h, q0 / a.block_q);
+  const int64_t key_end = visible_key_end(a, q_last);
+  const int64_t n_tiles = (key_end + kKeyTile - 1) / kKeyTile;
+  const int64_t tiles_per_block = a.block_k / kKeyTile;
+  // First key tile at or after `t` whose mask block is on (n_tiles if none):
+  // every thread scans the same mask bytes, so the walk is uniform.
+  auto next_tile = [&](int64_t t) {
+    while (t < n_tiles) {
+      const int64_t kb = t / tiles_per_block;
+      if (key_block_on(a, mrow, kb)) return t;
+      t = (kb + 1) * tiles_per_block;
+    }
+    return n_tiles;
+  };
+
+  const T* qg = static_cast<const T*>(a.q) + b * a.q_strides[0] + h * a.q_strides[1];
+  const T* kg = static_cast<const T*>(a.k) + b * a.k_strides[0] + kvh * a.k_strides[1];
+  const T* vg = static_cast<const T*>(a.v) + b * a.v_strides[0] + kvh * a.v_strides[1];
+
+  int64_t tile = next_tile(0);
+  load_tile<M, D, kThreads>(sq, qg, a.q_strides[2], q0, a.q_len);
+  if (tile < n_tiles) {
+    load_tile<kKeyTile, D, kThreads>(sk, kg, a.k_strides[2], tile * kKeyTile, a.k_len);
+    load_tile<kKeyTile, D, kThreads>(sv, vg, a.v_strides[2], tile * kKeyTile, a.k_len);
+  }
+  cp_async_commit();
+
+  const float scale_log2 = static_cast<float>(a.scale) * kLog2e;
+  uint32_t qa[kKSteps][4];
+  float o[kOTiles][4];
+#pragma unroll
+  for (int j = 0; j < kOTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  // Rows g and g + 8 of the warp: running max (log2 units) and this lane's
+  // partial sum (its columns only; the 4 lanes of a row add up at the end).
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+  bool q_in_registers = false;
+  int stage = 0;
+
+  while (tile < n_tiles) {
+    const int64_t next = next_tile(tile + 1);
+    if (next < n_tiles) {
+      T* nk = sk + (stage ^ 1) * kKeyTile * D;
+      T* nv = sv + (stage ^ 1) * kKeyTile * D;
+      load_tile<kKeyTile, D, kThreads>(nk, kg, a.k_strides[2], next * kKeyTile, a.k_len);
+      load_tile<kKeyTile, D, kThreads>(nv, vg, a.v_strides[2], next * kKeyTile, a.k_len);
+    }
+    cp_async_commit();  // possibly empty: keeps "all but the newest group" meaning this stage
+    cp_async_wait<1>();
+    __syncthreads();
+    if (!q_in_registers) {
+#pragma unroll
+      for (int kk = 0; kk < kKSteps; ++kk) {
+        ldmatrix_x4(qa[kk], sq + swizzled<D>(warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7),
+                                             kk * 2 + (lane >> 4)));
+      }
+      q_in_registers = true;
+    }
+    const T* ks = sk + stage * kKeyTile * D;
+    const T* vs = sv + stage * kKeyTile * D;
+
+    // S = Q K^T for this warp's 16 rows x 64 keys.
+    float s[kSTiles][4];
+#pragma unroll
+    for (int j = 0; j < kSTiles; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+#pragma unroll
+      for (int np = 0; np < kSTiles / 2; ++np) {
+        uint32_t kb[4];
+        ldmatrix_x4(kb, ks + swizzled<D>(np * 16 + (lane >> 4) * 8 + (lane & 7),
+                                         kk * 2 + ((lane >> 3) & 1)));
+        mma<T>(s[2 * np], qa[kk], kb[0], kb[1]);
+        mma<T>(s[2 * np + 1], qa[kk], kb[2], kb[3]);
+      }
+    }
+
+    // Scale into log2 units, then hide keys past the end and (causal) after
+    // the query. Only tiles that reach past k_len or the diagonal need it.
+    const int64_t key0 = tile * kKeyTile;
+    const bool edge = key0 + kKeyTile > a.k_len || (a.causal && key0 + kKeyTile - 1 > q0);
+#pragma unroll
+    for (int j = 0; j < kSTiles; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = s[j][e] * scale_log2;
+        if (edge) {
+          const int64_t key = key0 + j * 8 + t4 * 2 + (e & 1);
+          const int64_t row = q0 + warp * 16 + g + (e >> 1) * 8;
+          if (key >= a.k_len || (a.causal && key > row)) x = -INFINITY;
+        }
+        s[j][e] = x;
+      }
+    }
+
+    // Online softmax per row: new max, rescale what was accumulated, P = 2^(S - max).
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kSTiles; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(row_max[r], mx);
+      // A row with no visible key so far keeps max -inf; subtract 0 instead
+      // so that 2^(-inf - (-inf)) never makes a NaN.
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;
+      const float corr = exp2f(row_max[r] - m_use);
+      row_max[r] = m_new;
+      row_sum[r] *= corr;
+#pragma unroll
+      for (int j = 0; j < kOTiles; ++j) {
+        o[j][2 * r] *= corr;
+        o[j][2 * r + 1] *= corr;
+      }
+#pragma unroll
+      for (int j = 0; j < kSTiles; ++j) {
+#pragma unroll
+        for (int e = 2 * r; e < 2 * r + 2; ++e) {
+          const float p = exp2f(s[j][e] - m_use);
+          s[j][e] = p;
+          row_sum[r] += p;
+        }
+      }
+    }
+
+    // O += P V: P's accumulator pairs become the A fragments directly.
+#pragma unroll
+    for (int kk = 0; kk < kKeyTile / 16; ++kk) {
+      const uint32_t pa[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]),
+                              pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                              pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int np = 0; np < kOTiles / 2; ++np) {
+        uint32_t vb[4];
+        ldmatrix_x4_trans(vb, vs + swizzled<D>(kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7),
+                                               np * 2 + (lane >> 4)));
+        mma<T>(o[2 * np], pa, vb[0], vb[1]);
+        mma<T>(o[2 * np + 1], pa, vb[2], vb[3]);
+      }
+    }
+    __syncthreads();  // this stage is refilled two iterations from now
+    stage ^= 1;
+    tile = next;
+  }
+  cp_async_wait<0>();  // nothing may stay in flight into shared memory at exit
+
+  // Epilogue: normalise and store; an empty row is (0, -inf).
+  T* og = static_cast<T*>(a.out) + b * a.out_strides[0] + h * a.out_strides[1];
+  float* lg = static_cast<float*>(a.lse) + b * a.lse_strides[0] + h * a.lse_strides[1];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = row_sum[r];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int64_t row = q0 + warp * 16 + g + r * 8;
+    if (row >= a.q_len) continue;
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    T* orow = og + row * a.out_strides[2];
+#pragma unroll
+    for (int j = 0; j < kOTiles; ++j) {
+      *reinterpret_cast<uint32_t*>(orow + j * 8 + t4 * 2) =
+          pack2<T>(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
+    }
+    if (t4 == 0) {
+      lg[row * a.lse_strides[2]] = l > 0.f ? (row_max[r] + log2f(l)) * kLn2 : -INFINITY;
+    }
+  }
+}
+
+template <typename T, int D, int M>
+KernelStatus launch(const BlockSparseAttentionArgs& a, cudaStream_t stream) {
+  const int64_t q_tiles = ceil_div(a.q_len, M);
+  const int64_t ctas = q_tiles * a.batch * a.heads;
+  if (ctas == 0) return KernelStatus::ok();
+  if (ctas > 0x7fffffff) return KernelStatus::invalid("too many query tiles for one grid");
+  constexpr int kSmem = (M * D + 4 * kKeyTile * D) * static_cast<int>(sizeof(T));
+  auto kernel = tensor_core_attention<T, D, M>;
+  // Above 48 KiB, dynamic shared memory must be opted into per kernel.
+  const cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (err != cudaSuccess) return to_status(err);
+  kernel<<<static_cast<unsigned>(ctas), M / 16 * 32, kSmem, stream>>>(a, q_tiles);
+  return launch_status();
+}
+
+template <typename T>
+KernelStatus launch_for_dtype(const BlockSparseAttentionArgs& a, int rows, cudaStream_t s) {
+  if (a.head_dim == 64) return rows == 128 ? launch<T, 64, 128>(a, s) : launch<T, 64, 64>(a, s);
+  return rows == 128 ? launch<T, 128, 128>(a, s) : launch<T, 128, 64>(a, s);
+}
+
+}  // namespace
+
+KernelStatus block_sparse_attention_tensor_core_cuda(const BlockSparseAttentionArgs& a,
+                                                     void* stream) {
+  const int rows = tensor_core_tile_rows(a);
+  if (rows == 0) return KernelStatus::invalid("problem not eligible for the tensor-core kernel");
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (a.dtype == AttentionDtype::kFloat16) return launch_for_dtype<__half>(a, rows, s);
+  return launch_for_dtype<__nv_bfloat16>(a, rows, s);
+}
+
+}  // namespace baracuda
