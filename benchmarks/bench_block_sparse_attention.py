@@ -95,7 +95,11 @@ def cases(device, quick=False):
             if on_cuda:
                 note += f"; first call: ours {first_call_ms(ours):.1f} ms"
                 bm = flex_block_mask(m.expand(B, H, -1, -1).contiguous(), L, bs, causal)
-                peer_flex = lambda bm=bm: flex()(q, k, v, block_mask=bm)  # noqa: E731
+                # Flex's default tile is 128 x 128; a block-64 BlockMask needs tiles that
+                # divide it.
+                opts = {"BLOCK_M": bs, "BLOCK_N": bs} if bs < 128 else None
+                peer_flex = lambda bm=bm, o=opts: flex()(q, k, v, block_mask=bm,  # noqa: E731
+                                                         kernel_options=o)
                 note += f", Flex {first_call_ms(peer_flex):.0f} ms (compile; again per new L or mask shape)"
                 rows.append(Case(name, dtype="bfloat16", bytes_moved=0, flops=flops, ours=ours,
                                  peer=peer_flex, peer_name="FlexAttention (compiled)", note=note,
