@@ -100,7 +100,8 @@ def cases(device, quick=False):
                 opts = {"BLOCK_M": bs, "BLOCK_N": bs} if bs < 128 else None
                 peer_flex = lambda bm=bm, o=opts: flex()(q, k, v, block_mask=bm,  # noqa: E731
                                                          kernel_options=o)
-                note += f", Flex {first_call_ms(peer_flex):.0f} ms (compile; again per new L or mask shape)"
+                note += (f", Flex {first_call_ms(peer_flex):.0f} ms (it compiles when L or the mask's "
+                         "shape is new to it, so only the first pattern of each block size pays)")
                 rows.append(Case(name, dtype="bfloat16", bytes_moved=0, flops=flops, ours=ours,
                                  peer=peer_flex, peer_name="FlexAttention (compiled)", note=note,
                                  reps=20))
