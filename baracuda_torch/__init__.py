@@ -9,12 +9,19 @@ import torch  # noqa: F401  (must be loaded before the extension)
 
 from . import _C  # noqa: F401  (registers torch.ops.baracuda.*)
 from .merge import merge_state, merge_state_, merge_states
+from .scan import cummax, cummin, cumprod, cumsum, logcumsumexp, scan_path
 from .write_slice import write_slice, write_slice_, write_slice_at_, write_slice_path
 
 __all__ = [
+    "cummax",
+    "cummin",
+    "cumprod",
+    "cumsum",
+    "logcumsumexp",
     "merge_state",
     "merge_state_",
     "merge_states",
+    "scan_path",
     "write_slice",
     "write_slice_",
     "write_slice_at_",

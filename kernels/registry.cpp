@@ -45,4 +45,25 @@ TORCH_LIBRARY(baracuda, m) {
   m.def("merge_states_backward(Tensor grad_v, Tensor? grad_s, Tensor v, Tensor s, "
         "str lse_base) -> (Tensor, Tensor)",
         {at::Tag::pt2_compliant_tag});
+
+  // ---- scans along one axis: cumsum, cumprod, logcumsumexp, cummax, cummin ----
+  // torch semantics; reverse=True scans from the last element to the first
+  // (indices stay in the original coordinates).
+  m.def("cumsum(Tensor x, int dim, bool reverse=False) -> Tensor",
+        {at::Tag::pt2_compliant_tag});
+  m.def("cumprod(Tensor x, int dim, bool reverse=False) -> Tensor",
+        {at::Tag::pt2_compliant_tag});
+  m.def("logcumsumexp(Tensor x, int dim, bool reverse=False) -> Tensor",
+        {at::Tag::pt2_compliant_tag});
+  m.def("cummax(Tensor x, int dim, bool reverse=False) -> (Tensor values, Tensor indices)",
+        {at::Tag::pt2_compliant_tag});
+  m.def("cummin(Tensor x, int dim, bool reverse=False) -> (Tensor values, Tensor indices)",
+        {at::Tag::pt2_compliant_tag});
+  // One backward for every kind ("cumsum", ..., "cummin"); x, y: the saved
+  // forward input and output (cumprod, logcumsumexp), indices: cummax/cummin's.
+  m.def("scan_backward(Tensor grad, Tensor? x, Tensor? y, Tensor? indices, int dim, "
+        "str kind, bool reverse) -> Tensor",
+        {at::Tag::pt2_compliant_tag});
+  // Which CUDA path a scan of x along dim takes (for tests and tuning).
+  m.def("scan_path(Tensor x, int dim) -> str");
 }

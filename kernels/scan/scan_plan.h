@@ -1,0 +1,82 @@
+// Which CUDA path a scan of a given [outer, len, inner] shape takes, and how
+// much workspace it needs. Host-only and framework-free: the op layer uses it
+// to size the workspace and to report the path; the launcher to launch.
+//
+//   rows       inner == 1: one block per row walks it in chunks of
+//              kRowChunk, carrying the prefix from chunk to chunk.
+//   long_rows  inner == 1, few long rows: each row is cut into tiles of
+//              kTileLen; pass 1 reduces every tile, pass 2 scans the tile
+//              aggregates of each row, pass 3 rescans every tile from its
+//              prefix. Fixed association, so bit-identical run to run.
+//   columns    inner > 1: one thread per (outer, inner) column, coalesced
+//              along inner, walking the axis; long axes are cut into
+//              `segments` pieces chained the same three-pass way.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "scan/scan_kernels.h"
+
+namespace baracuda {
+
+enum class ScanPath : int { kEmpty, kRows, kLongRows, kColumns };
+
+constexpr int kScanBlock = 256;         // threads of a row / tile block
+constexpr int kScanItems = 8;           // consecutive elements per thread
+constexpr int64_t kRowChunk = int64_t(kScanBlock) * kScanItems;
+constexpr int64_t kTileLen = kRowChunk * 4;
+constexpr int kColumnBlock = 128;       // threads of a column block
+constexpr int64_t kWorkspaceSlotBytes = 16;  // every scan state fits in 16 bytes
+// Enough independent columns (or tiles) to keep every SM of a large GPU busy.
+constexpr int64_t kTargetThreads = int64_t(1) << 18;
+constexpr int64_t kMinSegmentLen = 32;
+constexpr int64_t kMaxGridY = 65535;
+
+struct ScanPlan {
+  ScanPath path = ScanPath::kEmpty;
+  int64_t tiles = 1;     // long_rows: tiles per row
+  int64_t segments = 1;  // columns: pieces of the axis
+  int64_t workspace_slots = 0;
+};
+
+inline ScanPlan plan_scan(const ScanShape& s) {
+  ScanPlan p;
+  if (s.numel() == 0) return p;
+  if (s.inner == 1) {
+    const int64_t tiles = (s.len + kTileLen - 1) / kTileLen;
+    // A few long rows would leave most SMs idle with one block per row.
+    if (tiles >= 2 && s.outer * 4 < kTargetThreads / kScanBlock && s.outer <= kMaxGridY) {
+      p.path = ScanPath::kLongRows;
+      p.tiles = tiles;
+      p.workspace_slots = s.outer * tiles;
+    } else {
+      p.path = ScanPath::kRows;
+    }
+    return p;
+  }
+  p.path = ScanPath::kColumns;
+  const int64_t columns = s.outer * s.inner;
+  int64_t segments = (kTargetThreads + columns - 1) / columns;
+  segments = std::min(segments, (s.len + kMinSegmentLen - 1) / kMinSegmentLen);
+  segments = std::max<int64_t>(1, std::min(segments, kMaxGridY));
+  p.segments = segments;
+  p.workspace_slots = segments > 1 ? segments * columns : 0;
+  return p;
+}
+
+inline int64_t scan_workspace_bytes(const ScanShape& s) {
+  return plan_scan(s).workspace_slots * kWorkspaceSlotBytes;
+}
+
+inline const char* scan_path_name(ScanPath path) {
+  switch (path) {
+    case ScanPath::kEmpty: return "empty";
+    case ScanPath::kRows: return "rows";
+    case ScanPath::kLongRows: return "long_rows";
+    case ScanPath::kColumns: return "columns";
+  }
+  return "?";
+}
+
+}  // namespace baracuda
