@@ -23,8 +23,8 @@ contiguous and bit-identical run to run.
 
 Numerics:
 
-* ``cummax`` / ``cummin`` follow torch: a later element wins ties; the first
-  NaN wins and stays (its index too).
+* ``cummax`` / ``cummin`` follow torch: a later element wins ties; a NaN
+  wins from where it appears on, and a later NaN takes its index over.
 * ``logcumsumexp``: an all ``-inf`` prefix gives ``-inf``, never NaN, and its
   gradient is 0; inputs of magnitude 1e4 stay finite.
 * ``cumprod``'s gradient never divides by ``x``: exact with one or several
@@ -83,7 +83,8 @@ def logcumsumexp(x: Tensor, dim: int, *, reverse: bool = False) -> Tensor:
 def cummax(x: Tensor, dim: int, *, reverse: bool = False):
     """Running maximum of ``x`` along ``dim`` and where it was found, as
     ``torch.return_types.cummax(values, indices)`` (indices int64). Ties go
-    to the later element; a NaN, once met, is the maximum from then on.
+    to the later element; a NaN, once met, is the maximum from then on (with
+    the index of the latest NaN).
 
     Example::
 

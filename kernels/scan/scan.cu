@@ -254,7 +254,7 @@ KernelStatus launch(const Op& op, const ScanShape& s, bool reverse, void* worksp
 
 template <typename Args>
 KernelStatus run_device(const Args& a, void* stream) {
-  return scan::dispatch_scan<__half, __nv_bfloat16>(a, [&](const auto& op, bool reverse) {
+  return scan::dispatch_scan<__half, __nv_bfloat16, float>(a, [&](const auto& op, bool reverse) {
     return launch(op, a.shape, reverse, a.workspace, static_cast<cudaStream_t>(stream));
   });
 }

@@ -1,6 +1,7 @@
 // Host engine of the scan family: a sequential walk along the axis, with one
 // running state per inner column so memory is read in order. It runs the
-// same functors as the CUDA engine (scan_ops.h), for float32 and float64.
+// same functors as the CUDA engine (scan_ops.h), for float32 and float64
+// (accumulated in double).
 #include <vector>
 
 #include "scan/scan_dispatch.h"
@@ -30,7 +31,7 @@ void scan_lines(const Op& op, const ScanShape& s, bool reverse) {
 template <typename Args>
 KernelStatus run_host(const Args& a) {
   if (a.shape.numel() == 0) return KernelStatus::ok();
-  return scan::dispatch_scan<void, void>(a, [&](const auto& op, bool reverse) {
+  return scan::dispatch_scan<void, void, double>(a, [&](const auto& op, bool reverse) {
     scan_lines(op, a.shape, reverse);
     return KernelStatus::ok();
   });

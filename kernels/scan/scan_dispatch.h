@@ -2,6 +2,9 @@
 // both engines: `run(op, scan_reverse)` is the engine (CPU loop or CUDA
 // kernels). Half and BFloat16 are the device's half types; the host engine
 // passes void for both and is never handed half data (the op layer upcasts).
+// Float32Acc accumulates float32 data: float on the device, whose tree-shaped
+// scan rounds little; double on the host, whose sequential walk would
+// otherwise round once per element (torch's CPU scans do the same).
 #pragma once
 
 #include <type_traits>
@@ -72,7 +75,7 @@ KernelStatus backward_for(const ScanBackwardArgs& a, Run&& run) {
   return KernelStatus::invalid("unknown scan kind");
 }
 
-template <typename Half, typename BFloat16, typename Args, typename Run>
+template <typename Half, typename BFloat16, typename Float32Acc, typename Args, typename Run>
 KernelStatus dispatch_scan(const Args& a, Run&& run) {
   constexpr bool kForward = std::is_same<Args, ScanForwardArgs>::value;
   auto go = [&](auto storage, auto acc) {
@@ -85,7 +88,7 @@ KernelStatus dispatch_scan(const Args& a, Run&& run) {
     }
   };
   switch (a.dtype) {
-    case ScanDtype::kFloat32: return go(float{}, float{});
+    case ScanDtype::kFloat32: return go(float{}, Float32Acc{});
     case ScanDtype::kFloat64: return go(double{}, double{});
     case ScanDtype::kFloat16:
       if constexpr (std::is_void<Half>::value) {

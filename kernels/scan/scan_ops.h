@@ -65,8 +65,10 @@ struct LogAddExpCombine {
   BHD State combine(State a, State b) const { return log_add_exp(a, b); }
 };
 
-// Running extreme with its index, exactly as torch's cummax / cummin: the
-// first NaN wins and sticks; otherwise a later element wins ties (>= / <=).
+// Running extreme with its index, exactly as torch's cummax / cummin: a NaN
+// always takes over (so the last NaN so far wins) and nothing but a NaN
+// replaces a NaN; otherwise a later element wins ties (>= / <=). That is a
+// selection by one total order, hence associative.
 // index < 0 marks the identity (no element yet).
 template <typename Acc>
 struct ValueIndex {
@@ -81,8 +83,8 @@ struct ExtremeCombine {
   BHD State combine(State a, State b) const {
     if (b.index < 0) return a;
     if (a.index < 0) return b;
-    if (is_nan(a.value)) return a;
     if (is_nan(b.value)) return b;
+    if (is_nan(a.value)) return a;
     const bool later_wins = kMax ? b.value >= a.value : b.value <= a.value;
     return later_wins ? b : a;
   }
