@@ -29,6 +29,7 @@ PATH_CASES = [
     ((300, 7), 0, "columns"),       # several segments per column
     ((3, 40), 0, "columns"),        # one segment
     ((2, 33, 5, 3), 1, "columns"),
+    ((500, 9), -1, "columns"),      # short rows: a thread per row
 ]
 
 

@@ -32,6 +32,6 @@ def max_abs_error(ours: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def families() -> List:
-    from . import merge, write_slice
+    from . import merge, scan, write_slice
 
-    return [write_slice, merge]
+    return [write_slice, merge, scan]

@@ -10,7 +10,9 @@
 //              prefix. Fixed association, so bit-identical run to run.
 //   columns    inner > 1: one thread per (outer, inner) column, coalesced
 //              along inner, walking the axis; long axes are cut into
-//              `segments` pieces chained the same three-pass way.
+//              `segments` pieces chained the same three-pass way. Short rows
+//              (inner == 1, len <= kShortRow) take it too, a thread per row:
+//              a whole block per row of a few elements would idle.
 #pragma once
 
 #include <algorithm>
@@ -32,6 +34,7 @@ constexpr int64_t kWorkspaceSlotBytes = 16;  // every scan state fits in 16 byte
 constexpr int64_t kTargetThreads = int64_t(1) << 18;
 constexpr int64_t kMinSegmentLen = 32;
 constexpr int64_t kMaxGridY = 65535;
+constexpr int64_t kShortRow = 32;
 
 struct ScanPlan {
   ScanPath path = ScanPath::kEmpty;
@@ -43,7 +46,7 @@ struct ScanPlan {
 inline ScanPlan plan_scan(const ScanShape& s) {
   ScanPlan p;
   if (s.numel() == 0) return p;
-  if (s.inner == 1) {
+  if (s.inner == 1 && s.len > kShortRow) {
     const int64_t tiles = (s.len + kTileLen - 1) / kTileLen;
     // A few long rows would leave most SMs idle with one block per row.
     if (tiles >= 2 && s.outer * 4 < kTargetThreads / kScanBlock && s.outer <= kMaxGridY) {
