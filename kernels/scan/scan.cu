@@ -152,18 +152,49 @@ __device__ inline bool column_span(const ScanShape& s, int64_t seg_len, ColumnSp
   return true;
 }
 
+// Walks one thread's segment in batches of kColumnBatch: every load of a
+// batch is issued before the first store, so each thread keeps several loads
+// in flight (the compiler cannot reorder them past stores that may alias).
+constexpr int kColumnBatch = 8;
+
+template <bool kStore, typename Op>
+__device__ StateOf<Op> walk_column(const Op& op, const ScanShape& s, bool reverse,
+                                   const ColumnSpan& span, StateOf<Op> carry) {
+  for (int64_t p0 = span.p_begin; p0 < span.p_end; p0 += kColumnBatch) {
+    StateOf<Op> items[kColumnBatch];
+#pragma unroll
+    for (int k = 0; k < kColumnBatch; ++k) {
+      const int64_t p = p0 + k;
+      items[k] = op.identity();
+      if (p < span.p_end) {
+        const int64_t l = reverse ? s.len - 1 - p : p;
+        items[k] = op.load(span.base + l * s.inner, l);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kColumnBatch; ++k) {
+      const int64_t p = p0 + k;
+      if (p < span.p_end) {
+        const StateOf<Op> incl = op.combine(carry, items[k]);
+        if (kStore) {
+          const int64_t l = reverse ? s.len - 1 - p : p;
+          op.store(span.base + l * s.inner, l, carry, incl);
+        }
+        carry = incl;
+      }
+    }
+  }
+  return carry;
+}
+
 template <typename Op>
 __global__ void __launch_bounds__(kColumnBlock)
     column_total_kernel(Op op, ScanShape s, bool reverse, int64_t seg_len, StateOf<Op>* ws) {
   ColumnSpan span;
   int64_t column;
   if (!column_span(s, seg_len, span, column)) return;
-  StateOf<Op> total = op.identity();
-  for (int64_t p = span.p_begin; p < span.p_end; ++p) {
-    const int64_t l = reverse ? s.len - 1 - p : p;
-    total = op.combine(total, op.load(span.base + l * s.inner, l));
-  }
-  ws[int64_t(blockIdx.y) * s.outer * s.inner + column] = total;
+  ws[int64_t(blockIdx.y) * s.outer * s.inner + column] =
+      walk_column<false>(op, s, reverse, span, op.identity());
 }
 
 template <typename Op>
@@ -185,15 +216,9 @@ __global__ void __launch_bounds__(kColumnBlock)
   ColumnSpan span;
   int64_t column;
   if (!column_span(s, seg_len, span, column)) return;
-  StateOf<Op> carry =
+  const StateOf<Op> carry =
       ws ? ws[int64_t(blockIdx.y) * s.outer * s.inner + column] : op.identity();
-  for (int64_t p = span.p_begin; p < span.p_end; ++p) {
-    const int64_t l = reverse ? s.len - 1 - p : p;
-    const int64_t off = span.base + l * s.inner;
-    const StateOf<Op> incl = op.combine(carry, op.load(off, l));
-    op.store(off, l, carry, incl);
-    carry = incl;
-  }
+  walk_column<true>(op, s, reverse, span, carry);
 }
 
 // ---------------------------------------------------------------- launch
