@@ -90,43 +90,140 @@ __global__ void __launch_bounds__(kScanBlock)
 }
 
 // ---------------------------------------------------------------- long_rows path
-// Tile t of row r covers scan positions [t * kTileLen, (t + 1) * kTileLen).
-// Workspace: one state per (row, tile), row-major.
+// One pass (scan_plan.h): tile `tile` of row `row` covers scan positions
+// [tile * kTileLen, (tile + 1) * kTileLen) and is held in registers while its
+// prefix is assembled from totals published by tiles with smaller tickets.
 
-template <typename Op>
-__global__ void __launch_bounds__(kScanBlock)
-    tile_total_kernel(Op op, int64_t len, bool reverse, int64_t tiles, StateOf<Op>* ws) {
-  __shared__ typename BlockScanOf<Op>::TempStorage tmp;
-  const int64_t tile = blockIdx.x, row = blockIdx.y;
-  const int64_t p_begin = tile * kTileLen;
-  const int64_t p_end = p_begin + kTileLen < len ? p_begin + kTileLen : len;
-  const StateOf<Op> total =
-      scan_row_range<false>(op, row * len, len, reverse, p_begin, p_end, op.identity(), tmp);
-  if (threadIdx.x == 0) ws[row * tiles + tile] = total;
-}
-
-// Turns a row of tile totals into exclusive prefixes, in place (each thread
-// reads and then writes only its own slots). Rows of the workspace are in
-// scan order already.
-template <typename Op>
-struct ExclusivePrefixInPlace {
-  using State = StateOf<Op>;
-  Op op;
-  State* ws;
-  __device__ State identity() const { return op.identity(); }
-  __device__ State combine(State a, State b) const { return op.combine(a, b); }
-  __device__ State load(int64_t off, int64_t) const { return ws[off]; }
-  __device__ void store(int64_t off, int64_t, State excl, State) const { ws[off] = excl; }
+template <typename State>
+struct TileSlots {
+  unsigned long long* counter;
+  unsigned int* tile_flags;   // [outer * tiles], 1 once the tile total is out
+  unsigned int* group_flags;  // [outer * groups]
+  State* tile_totals;
+  State* group_totals;
 };
 
+template <typename State>
+TileSlots<State> tile_slots(void* workspace, const TileWorkspace& w) {
+  char* base = static_cast<char*>(workspace);
+  TileSlots<State> t;
+  t.counter = reinterpret_cast<unsigned long long*>(base);
+  t.tile_flags = reinterpret_cast<unsigned int*>(base + 16);
+  t.group_flags = t.tile_flags + w.tile_count;
+  t.tile_totals = reinterpret_cast<State*>(base + w.zeroed_bytes());
+  t.group_totals = reinterpret_cast<State*>(base + w.zeroed_bytes() +
+                                            w.tile_count * kWorkspaceSlotBytes);
+  return t;
+}
+
+// Writer side: the state first, then (after a fence) its flag.
+template <typename State>
+__device__ void publish(State* slot, unsigned int* flag, const State& value) {
+  *slot = value;
+  __threadfence();
+  atomicExch(flag, 1u);
+}
+
+// Reader side: spin on the flag, then read the state from L2 (volatile
+// loads; L1 is not coherent across SMs and may hold a stale line).
+template <typename State>
+__device__ State read_published(const State* slot, const unsigned int* flag) {
+  const volatile unsigned int* f = flag;
+  while (*f == 0u) {
+  }
+  __threadfence();
+  static_assert(sizeof(State) % 4 == 0, "scan states are made of 4-byte words");
+  union {
+    State state;
+    unsigned int words[sizeof(State) / 4];
+  } u;
+  const volatile unsigned int* src = reinterpret_cast<const volatile unsigned int*>(slot);
+#pragma unroll
+  for (int i = 0; i < int(sizeof(State) / 4); ++i) u.words[i] = src[i];
+  return u.state;
+}
+
+// In-order reduction of n published states: thread j folds a fixed run of
+// them, then a block scan joins the runs. The association depends on n only.
+template <typename Op>
+__device__ StateOf<Op> reduce_published(const Op& op, const StateOf<Op>* slots,
+                                        const unsigned int* flags, int64_t n,
+                                        typename BlockScanOf<Op>::TempStorage& tmp) {
+  using State = StateOf<Op>;
+  const int64_t per = (n + kScanBlock - 1) / kScanBlock;
+  const int64_t begin = int64_t(threadIdx.x) * per;
+  const int64_t end = begin + per < n ? begin + per : n;
+  State acc = op.identity();
+  for (int64_t k = begin; k < end; ++k) acc = op.combine(acc, read_published(slots + k, flags + k));
+  State before, total;
+  BlockScanOf<Op>(tmp).ExclusiveScan(acc, before, op.identity(), CombineFn<Op>{op}, total);
+  __syncthreads();
+  return total;
+}
+
 template <typename Op>
 __global__ void __launch_bounds__(kScanBlock)
-    tile_scan_kernel(Op op, int64_t len, bool reverse, int64_t tiles, const StateOf<Op>* ws) {
+    long_rows_kernel(Op op, int64_t len, bool reverse, int64_t tiles, int64_t groups,
+                     TileSlots<StateOf<Op>> ws) {
+  using State = StateOf<Op>;
   __shared__ typename BlockScanOf<Op>::TempStorage tmp;
-  const int64_t tile = blockIdx.x, row = blockIdx.y;
-  const int64_t p_begin = tile * kTileLen;
-  const int64_t p_end = p_begin + kTileLen < len ? p_begin + kTileLen : len;
-  scan_row_range<true>(op, row * len, len, reverse, p_begin, p_end, ws[row * tiles + tile], tmp);
+  __shared__ unsigned long long ticket_of_block;
+  // Tickets, not blockIdx, order the tiles: a block waits only for smaller
+  // tickets, which belong to blocks that are already running.
+  if (threadIdx.x == 0) ticket_of_block = atomicAdd(ws.counter, 1ull);
+  __syncthreads();
+  const int64_t ticket = static_cast<int64_t>(ticket_of_block);
+  const int64_t row = ticket / tiles;
+  const int64_t tile = ticket - row * tiles;
+  const int64_t row_base = row * len;
+
+  const int64_t first = tile * kTileLen + int64_t(threadIdx.x) * kTileItems;
+  State items[kTileItems];
+  State total = op.identity();
+#pragma unroll
+  for (int k = 0; k < kTileItems; ++k) {
+    const int64_t p = first + k;
+    items[k] = op.identity();
+    if (p < len) {
+      const int64_t l = reverse ? len - 1 - p : p;
+      items[k] = op.load(row_base + l, l);
+      total = op.combine(total, items[k]);
+    }
+  }
+  State before, tile_total;
+  BlockScanOf<Op>(tmp).ExclusiveScan(total, before, op.identity(), CombineFn<Op>{op}, tile_total);
+  __syncthreads();
+
+  State* row_tiles = ws.tile_totals + row * tiles;
+  unsigned int* row_tile_flags = ws.tile_flags + row * tiles;
+  if (threadIdx.x == 0) publish(row_tiles + tile, row_tile_flags + tile, tile_total);
+
+  const int64_t group = tile / kGroupTiles;
+  const int64_t group_first = group * kGroupTiles;
+  // The last tile of a group that later tiles depend on publishes its total.
+  if (tile - group_first == kGroupTiles - 1 && group + 1 < groups) {
+    const State g = reduce_published(op, row_tiles + group_first, row_tile_flags + group_first,
+                                     kGroupTiles, tmp);
+    if (threadIdx.x == 0) {
+      publish(ws.group_totals + row * groups + group, ws.group_flags + row * groups + group, g);
+    }
+  }
+  const State from_groups =
+      reduce_published(op, ws.group_totals + row * groups, ws.group_flags + row * groups, group, tmp);
+  const State from_tiles = reduce_published(op, row_tiles + group_first,
+                                            row_tile_flags + group_first, tile - group_first, tmp);
+
+  State run = op.combine(op.combine(from_groups, from_tiles), before);
+#pragma unroll
+  for (int k = 0; k < kTileItems; ++k) {
+    const int64_t p = first + k;
+    if (p < len) {
+      const int64_t l = reverse ? len - 1 - p : p;
+      const State incl = op.combine(run, items[k]);
+      op.store(row_base + l, l, run, incl);
+      run = incl;
+    }
+  }
 }
 
 // ---------------------------------------------------------------- columns path
@@ -232,7 +329,7 @@ KernelStatus launch(const Op& op, const ScanShape& s, bool reverse, void* worksp
   static_assert(sizeof(State) <= kWorkspaceSlotBytes, "scan state larger than a workspace slot");
   const ScanPlan plan = plan_scan(s);
   State* ws = static_cast<State*>(workspace);
-  if (plan.workspace_slots > 0 && ws == nullptr) {
+  if (plan.workspace_bytes > 0 && ws == nullptr) {
     return KernelStatus::invalid("scan: this shape needs a workspace");
   }
   switch (plan.path) {
@@ -243,16 +340,13 @@ KernelStatus launch(const Op& op, const ScanShape& s, bool reverse, void* worksp
       return launch_status();
     }
     case ScanPath::kLongRows: {
-      const dim3 grid(static_cast<unsigned>(plan.tiles), static_cast<unsigned>(s.outer));
-      tile_total_kernel<<<grid, kScanBlock, 0, stream>>>(op, s.len, reverse, plan.tiles, ws);
-      KernelStatus st = launch_status();
+      const TileWorkspace& w = plan.tile_ws;
+      const KernelStatus st =
+          to_status(cudaMemsetAsync(workspace, 0, static_cast<size_t>(w.zeroed_bytes()), stream));
       if (!st.is_ok()) return st;
-      ExclusivePrefixInPlace<Op> prefix{op, ws};
-      rows_kernel<<<static_cast<unsigned>(s.outer), kScanBlock, 0, stream>>>(prefix, s.outer,
-                                                                             plan.tiles, false);
-      st = launch_status();
-      if (!st.is_ok()) return st;
-      tile_scan_kernel<<<grid, kScanBlock, 0, stream>>>(op, s.len, reverse, plan.tiles, ws);
+      const unsigned grid = static_cast<unsigned>(s.outer * plan.tiles);
+      long_rows_kernel<<<grid, kScanBlock, 0, stream>>>(op, s.len, reverse, plan.tiles,
+                                                        plan.groups, tile_slots<State>(workspace, w));
       return launch_status();
     }
     case ScanPath::kColumns: {
