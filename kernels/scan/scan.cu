@@ -1,7 +1,8 @@
 // CUDA engine of the scan family: the functors of scan_ops.h run over one of
 // three paths (scan_plan.h). Every path combines in a fixed order that does
-// not depend on timing, so results are bit-identical run to run, and no path
-// uses atomics.
+// not depend on timing, so results are bit-identical run to run. The only
+// atomics are long_rows' tile tickets and ready flags: they order the work,
+// never a value.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -31,51 +32,74 @@ struct CombineFn {
   }
 };
 
-// One block scans positions [p_begin, p_end) (in scan order) of the row that
-// starts at row_base (inner == 1), kRowChunk elements at a time: each thread
-// holds kScanItems consecutive elements, a block scan of the per-thread
-// totals gives each thread its prefix, and `carry` (the same in every thread)
-// chains the chunks. Returns carry combined with everything scanned. With
-// kStore false nothing is written (a reduction).
-template <bool kStore, typename Op>
-__device__ StateOf<Op> scan_row_range(const Op& op, int64_t row_base, int64_t len, bool reverse,
-                                      int64_t p_begin, int64_t p_end, StateOf<Op> carry,
-                                      typename BlockScanOf<Op>::TempStorage& tmp) {
+// Where a line of the axis lives: element l at base + l * stride.
+struct Line {
+  int64_t base;
+  int64_t stride;
+  int64_t len;
+  bool reverse;
+  __device__ int64_t position(int64_t p) const { return reverse ? len - 1 - p : p; }
+};
+
+// A thread's kItems consecutive elements of a line from scan position
+// `first`; positions at or past p_end hold the identity. Every load is issued
+// before any store of the caller. Returns their total.
+template <int kItems, typename Op>
+__device__ StateOf<Op> load_run(const Op& op, const Line& line, int64_t first, int64_t p_end,
+                                StateOf<Op> (&items)[kItems]) {
+  StateOf<Op> total = op.identity();
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) {
+    const int64_t p = first + k;
+    items[k] = op.identity();
+    if (p < p_end) {
+      const int64_t l = line.position(p);
+      items[k] = op.load(line.base + l * line.stride, l);
+      total = op.combine(total, items[k]);
+    }
+  }
+  return total;
+}
+
+// Stores the run loaded by load_run, `run` being everything before it;
+// returns everything up to its end.
+template <int kItems, typename Op>
+__device__ StateOf<Op> store_run(const Op& op, const Line& line, int64_t first, int64_t p_end,
+                                 StateOf<Op> run, const StateOf<Op> (&items)[kItems]) {
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) {
+    const int64_t p = first + k;
+    if (p < p_end) {
+      const int64_t l = line.position(p);
+      const StateOf<Op> incl = op.combine(run, items[k]);
+      op.store(line.base + l * line.stride, l, run, incl);
+      run = incl;
+    }
+  }
+  return run;
+}
+
+// One block scans the row that starts at row_base (inner == 1), kRowChunk
+// elements at a time: each thread holds kScanItems consecutive elements, a
+// block scan of the per-thread totals gives each thread its prefix, and
+// `carry` (the same in every thread) chains the chunks.
+template <typename Op>
+__device__ void scan_row(const Op& op, int64_t row_base, int64_t len, bool reverse,
+                         typename BlockScanOf<Op>::TempStorage& tmp) {
   using State = StateOf<Op>;
-  for (int64_t chunk = p_begin; chunk < p_end; chunk += kRowChunk) {
+  const Line line{row_base, 1, len, reverse};
+  State carry = op.identity();
+  for (int64_t chunk = 0; chunk < len; chunk += kRowChunk) {
     const int64_t first = chunk + int64_t(threadIdx.x) * kScanItems;
     State items[kScanItems];
-    State total = op.identity();
-#pragma unroll
-    for (int k = 0; k < kScanItems; ++k) {
-      const int64_t p = first + k;
-      items[k] = op.identity();
-      if (p < p_end) {
-        const int64_t l = reverse ? len - 1 - p : p;
-        items[k] = op.load(row_base + l, l);
-        total = op.combine(total, items[k]);
-      }
-    }
+    const State total = load_run(op, line, first, len, items);
     State before, chunk_total;
     BlockScanOf<Op>(tmp).ExclusiveScan(total, before, op.identity(), CombineFn<Op>{op},
                                        chunk_total);
     __syncthreads();  // tmp is reused by the next chunk's scan
-    if (kStore) {
-      State run = op.combine(carry, before);
-#pragma unroll
-      for (int k = 0; k < kScanItems; ++k) {
-        const int64_t p = first + k;
-        if (p < p_end) {
-          const int64_t l = reverse ? len - 1 - p : p;
-          const State incl = op.combine(run, items[k]);
-          op.store(row_base + l, l, run, incl);
-          run = incl;
-        }
-      }
-    }
+    store_run(op, line, first, len, op.combine(carry, before), items);
     carry = op.combine(carry, chunk_total);
   }
-  return carry;
 }
 
 // ---------------------------------------------------------------- rows path
@@ -85,7 +109,7 @@ __global__ void __launch_bounds__(kScanBlock)
     rows_kernel(Op op, int64_t outer, int64_t len, bool reverse) {
   __shared__ typename BlockScanOf<Op>::TempStorage tmp;
   for (int64_t row = blockIdx.x; row < outer; row += gridDim.x) {
-    scan_row_range<true>(op, row * len, len, reverse, 0, len, op.identity(), tmp);
+    scan_row(op, row * len, len, reverse, tmp);
   }
 }
 
@@ -175,21 +199,11 @@ __global__ void __launch_bounds__(kScanBlock)
   const int64_t ticket = static_cast<int64_t>(ticket_of_block);
   const int64_t row = ticket / tiles;
   const int64_t tile = ticket - row * tiles;
-  const int64_t row_base = row * len;
+  const Line line{row * len, 1, len, reverse};
 
   const int64_t first = tile * kTileLen + int64_t(threadIdx.x) * kTileItems;
   State items[kTileItems];
-  State total = op.identity();
-#pragma unroll
-  for (int k = 0; k < kTileItems; ++k) {
-    const int64_t p = first + k;
-    items[k] = op.identity();
-    if (p < len) {
-      const int64_t l = reverse ? len - 1 - p : p;
-      items[k] = op.load(row_base + l, l);
-      total = op.combine(total, items[k]);
-    }
-  }
+  const State total = load_run(op, line, first, len, items);
   State before, tile_total;
   BlockScanOf<Op>(tmp).ExclusiveScan(total, before, op.identity(), CombineFn<Op>{op}, tile_total);
   __syncthreads();
@@ -213,17 +227,7 @@ __global__ void __launch_bounds__(kScanBlock)
   const State from_tiles = reduce_published(op, row_tiles + group_first,
                                             row_tile_flags + group_first, tile - group_first, tmp);
 
-  State run = op.combine(op.combine(from_groups, from_tiles), before);
-#pragma unroll
-  for (int k = 0; k < kTileItems; ++k) {
-    const int64_t p = first + k;
-    if (p < len) {
-      const int64_t l = reverse ? len - 1 - p : p;
-      const State incl = op.combine(run, items[k]);
-      op.store(row_base + l, l, run, incl);
-      run = incl;
-    }
-  }
+  store_run(op, line, first, len, op.combine(op.combine(from_groups, from_tiles), before), items);
 }
 
 // ---------------------------------------------------------------- columns path
@@ -250,36 +254,18 @@ __device__ inline bool column_span(const ScanShape& s, int64_t seg_len, ColumnSp
 }
 
 // Walks one thread's segment in batches of kColumnBatch: every load of a
-// batch is issued before the first store, so each thread keeps several loads
-// in flight (the compiler cannot reorder them past stores that may alias).
+// batch is issued before its first store, so each thread keeps several loads
+// in flight (the compiler cannot move loads past stores that may alias).
 constexpr int kColumnBatch = 8;
 
 template <bool kStore, typename Op>
 __device__ StateOf<Op> walk_column(const Op& op, const ScanShape& s, bool reverse,
                                    const ColumnSpan& span, StateOf<Op> carry) {
+  const Line line{span.base, s.inner, s.len, reverse};
   for (int64_t p0 = span.p_begin; p0 < span.p_end; p0 += kColumnBatch) {
     StateOf<Op> items[kColumnBatch];
-#pragma unroll
-    for (int k = 0; k < kColumnBatch; ++k) {
-      const int64_t p = p0 + k;
-      items[k] = op.identity();
-      if (p < span.p_end) {
-        const int64_t l = reverse ? s.len - 1 - p : p;
-        items[k] = op.load(span.base + l * s.inner, l);
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < kColumnBatch; ++k) {
-      const int64_t p = p0 + k;
-      if (p < span.p_end) {
-        const StateOf<Op> incl = op.combine(carry, items[k]);
-        if (kStore) {
-          const int64_t l = reverse ? s.len - 1 - p : p;
-          op.store(span.base + l * s.inner, l, carry, incl);
-        }
-        carry = incl;
-      }
-    }
+    const StateOf<Op> total = load_run(op, line, p0, span.p_end, items);
+    carry = kStore ? store_run(op, line, p0, span.p_end, carry, items) : op.combine(carry, total);
   }
   return carry;
 }
