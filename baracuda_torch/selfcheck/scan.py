@@ -54,5 +54,8 @@ def checks(device):
         out.append(_forward_case(device, name, torch.float32, (rows, cols), -1))
         out.append(_backward_case(device, name, torch.float32, (rows, cols), 0))
     out.append(_forward_case(device, "cumsum", torch.bfloat16, (rows, cols), 0))
+    long_len = (1 << 22) if device.type == "cuda" else 50000  # the long_rows path
+    out.append(_forward_case(device, "cummax", torch.float32, (1, long_len), -1))
+    out.append(_backward_case(device, "cumsum", torch.float32, (1, long_len), -1))
     out.append(_forward_case(device, "logcumsumexp", torch.float64, (8, 1000), -1))
     return out
