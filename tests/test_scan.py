@@ -158,11 +158,15 @@ def test_empty_length_one_scalar_and_rank_8(device, name, rng):
     for shape, dim in [((0,), 0), ((3, 0, 2), 1), ((3, 0, 2), 0), ((5, 1, 3), 1), ((1,), 0),
                        ((2, 1, 2, 1, 3, 1, 2, 2), 4), ((2, 1, 2, 1, 3, 1, 2, 2), -8)]:
         x = random_input(shape, torch.float64, device, rng, name)
+        dy = torch.randn(shape, generator=rng, dtype=torch.float64).to(device)
         for reverse in (False, True):
             check(name, x, dim, reverse)
+            torch.testing.assert_close(our_grad(name, x, dim, reverse, dy).cpu(),
+                                       reference_grad(name, x, dim, reverse, dy))
     s = torch.tensor(1.5, dtype=torch.float64, device=device)
     for dim in (0, -1):
         check(name, s, dim, False)
+        assert our_grad(name, s, dim, False, torch.tensor(2.0, dtype=torch.float64, device=device)).item() == 2.0
 
 
 @pytest.mark.parametrize("name", ALL_OPS)

@@ -21,8 +21,11 @@ namespace {
 template <typename Op>
 using StateOf = typename Op::State;
 
+// Warp scans joined by a scan of the warp totals: a fixed, order-preserving
+// association (the ops are associative, not commutative) with a short
+// critical path, which matters for the costlier combines (log-add-exp).
 template <typename Op>
-using BlockScanOf = cub::BlockScan<StateOf<Op>, kScanBlock>;
+using BlockScanOf = cub::BlockScan<StateOf<Op>, kScanBlock, cub::BLOCK_SCAN_WARP_SCANS>;
 
 template <typename Op>
 struct CombineFn {
