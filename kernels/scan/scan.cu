@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cub/block/block_exchange.cuh>
 #include <cub/block/block_scan.cuh>
 
 #include "common/cuda_launch.cuh"
@@ -82,25 +83,67 @@ __device__ StateOf<Op> store_run(const Op& op, const Line& line, int64_t first, 
   return run;
 }
 
+// Shared memory of a rows block: the block scan and the striped <-> blocked
+// exchanges take turns (a __syncthreads separates every use).
+template <typename Op>
+using RowExchangeOf = cub::BlockExchange<StateOf<Op>, kScanBlock, kScanItems>;
+
+template <typename Op>
+union RowShared {
+  typename BlockScanOf<Op>::TempStorage scan;
+  typename RowExchangeOf<Op>::TempStorage exchange;
+};
+
 // One block scans the row that starts at row_base (inner == 1), kRowChunk
-// elements at a time: each thread holds kScanItems consecutive elements, a
-// block scan of the per-thread totals gives each thread its prefix, and
-// `carry` (the same in every thread) chains the chunks.
+// elements at a time, and `carry` (the same in every thread) chains the
+// chunks. Memory is read and written striped (element k * kScanBlock + t by
+// thread t: every warp access is one contiguous run); the scan itself runs
+// blocked (thread t owns kScanItems consecutive elements, a block scan of the
+// per-thread totals gives its prefix), the two arrangements being exchanged
+// through shared memory.
 template <typename Op>
 __device__ void scan_row(const Op& op, int64_t row_base, int64_t len, bool reverse,
-                         typename BlockScanOf<Op>::TempStorage& tmp) {
+                         RowShared<Op>& shared) {
   using State = StateOf<Op>;
   const Line line{row_base, 1, len, reverse};
   State carry = op.identity();
   for (int64_t chunk = 0; chunk < len; chunk += kRowChunk) {
-    const int64_t first = chunk + int64_t(threadIdx.x) * kScanItems;
-    State items[kScanItems];
-    const State total = load_run(op, line, first, len, items);
+    State striped[kScanItems];
+#pragma unroll
+    for (int k = 0; k < kScanItems; ++k) {
+      const int64_t p = chunk + int64_t(k) * kScanBlock + threadIdx.x;
+      striped[k] = op.identity();
+      if (p < len) striped[k] = op.load(line.base + line.position(p), line.position(p));
+    }
+    State blocked[kScanItems];
+    RowExchangeOf<Op>(shared.exchange).StripedToBlocked(striped, blocked);
+    __syncthreads();
+    // Positions past the end hold the identity, so they may be folded in.
+    State total = op.identity();
+#pragma unroll
+    for (int k = 0; k < kScanItems; ++k) total = op.combine(total, blocked[k]);
     State before, chunk_total;
-    BlockScanOf<Op>(tmp).ExclusiveScan(total, before, op.identity(), CombineFn<Op>{op},
-                                       chunk_total);
-    __syncthreads();  // tmp is reused by the next chunk's scan
-    store_run(op, line, first, len, op.combine(carry, before), items);
+    BlockScanOf<Op>(shared.scan).ExclusiveScan(total, before, op.identity(), CombineFn<Op>{op},
+                                               chunk_total);
+    __syncthreads();
+    // Everything before each blocked element, sent back to the striped owner.
+    State run = op.combine(carry, before);
+#pragma unroll
+    for (int k = 0; k < kScanItems; ++k) {
+      const State next = op.combine(run, blocked[k]);
+      blocked[k] = run;
+      run = next;
+    }
+    RowExchangeOf<Op>(shared.exchange).BlockedToStriped(blocked, blocked);
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < kScanItems; ++k) {
+      const int64_t p = chunk + int64_t(k) * kScanBlock + threadIdx.x;
+      if (p < len) {
+        const int64_t l = line.position(p);
+        op.store(line.base + l, l, blocked[k], op.combine(blocked[k], striped[k]));
+      }
+    }
     carry = op.combine(carry, chunk_total);
   }
 }
@@ -110,9 +153,9 @@ __device__ void scan_row(const Op& op, int64_t row_base, int64_t len, bool rever
 template <typename Op>
 __global__ void __launch_bounds__(kScanBlock)
     rows_kernel(Op op, int64_t outer, int64_t len, bool reverse) {
-  __shared__ typename BlockScanOf<Op>::TempStorage tmp;
+  __shared__ RowShared<Op> shared;
   for (int64_t row = blockIdx.x; row < outer; row += gridDim.x) {
-    scan_row(op, row * len, len, reverse, tmp);
+    scan_row(op, row * len, len, reverse, shared);
   }
 }
 
