@@ -24,7 +24,7 @@ NAN, INF = float("nan"), float("inf")
 PATH_CASES = [
     ((3, 700), -1, "rows"),
     ((2, 300000), -1, "long_rows"),  # several tile groups per row
-    ((2, 4000), 1, "rows"),          # two chunks per row
+    ((256, 2100), 1, "rows"),        # two chunks per row
     ((1, 50000), -1, "long_rows"),
     ((300, 7), 0, "columns"),       # several segments per column
     ((3, 20000, 1), 1, "long_rows"),

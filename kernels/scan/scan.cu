@@ -94,58 +94,55 @@ union RowShared {
   typename RowExchangeOf<Op>::TempStorage exchange;
 };
 
-// One block scans the row that starts at row_base (inner == 1), kRowChunk
-// elements at a time, and `carry` (the same in every thread) chains the
-// chunks. Memory is read and written striped (element k * kScanBlock + t by
-// thread t: every warp access is one contiguous run); the scan itself runs
-// blocked (thread t owns kScanItems consecutive elements, a block scan of the
-// per-thread totals gives its prefix), the two arrangements being exchanged
-// through shared memory.
-template <typename Op>
-__device__ void scan_row(const Op& op, int64_t row_base, int64_t len, bool reverse,
-                         RowShared<Op>& shared) {
+// One block scans kRowChunk elements of a row (inner == 1) from scan
+// position `chunk`. Memory is read and written striped (element
+// k * kScanBlock + t by thread t: every warp access is one contiguous run);
+// the scan itself runs blocked (thread t owns kScanItems consecutive
+// elements, a block scan of the per-thread totals gives its prefix), the two
+// arrangements being exchanged through shared memory. `prefix_of(total)` is
+// called by every thread with the chunk's total and returns the state of
+// everything before the chunk. Returns the chunk's total.
+template <typename Op, typename PrefixOf>
+__device__ StateOf<Op> scan_chunk(const Op& op, const Line& line, int64_t chunk,
+                                  RowShared<Op>& shared, PrefixOf&& prefix_of) {
   using State = StateOf<Op>;
-  const Line line{row_base, 1, len, reverse};
-  State carry = op.identity();
-  for (int64_t chunk = 0; chunk < len; chunk += kRowChunk) {
-    State striped[kScanItems];
+  State striped[kScanItems];
 #pragma unroll
-    for (int k = 0; k < kScanItems; ++k) {
-      const int64_t p = chunk + int64_t(k) * kScanBlock + threadIdx.x;
-      striped[k] = op.identity();
-      if (p < len) striped[k] = op.load(line.base + line.position(p), line.position(p));
-    }
-    State blocked[kScanItems];
-    RowExchangeOf<Op>(shared.exchange).StripedToBlocked(striped, blocked);
-    __syncthreads();
-    // Positions past the end hold the identity, so they may be folded in.
-    State total = op.identity();
-#pragma unroll
-    for (int k = 0; k < kScanItems; ++k) total = op.combine(total, blocked[k]);
-    State before, chunk_total;
-    BlockScanOf<Op>(shared.scan).ExclusiveScan(total, before, op.identity(), CombineFn<Op>{op},
-                                               chunk_total);
-    __syncthreads();
-    // Everything before each blocked element, sent back to the striped owner.
-    State run = op.combine(carry, before);
-#pragma unroll
-    for (int k = 0; k < kScanItems; ++k) {
-      const State next = op.combine(run, blocked[k]);
-      blocked[k] = run;
-      run = next;
-    }
-    RowExchangeOf<Op>(shared.exchange).BlockedToStriped(blocked, blocked);
-    __syncthreads();
-#pragma unroll
-    for (int k = 0; k < kScanItems; ++k) {
-      const int64_t p = chunk + int64_t(k) * kScanBlock + threadIdx.x;
-      if (p < len) {
-        const int64_t l = line.position(p);
-        op.store(line.base + l, l, blocked[k], op.combine(blocked[k], striped[k]));
-      }
-    }
-    carry = op.combine(carry, chunk_total);
+  for (int k = 0; k < kScanItems; ++k) {
+    const int64_t p = chunk + int64_t(k) * kScanBlock + threadIdx.x;
+    striped[k] = op.identity();
+    if (p < line.len) striped[k] = op.load(line.base + line.position(p), line.position(p));
   }
+  State blocked[kScanItems];
+  RowExchangeOf<Op>(shared.exchange).StripedToBlocked(striped, blocked);
+  __syncthreads();
+  // Positions past the end hold the identity, so they may be folded in.
+  State total = op.identity();
+#pragma unroll
+  for (int k = 0; k < kScanItems; ++k) total = op.combine(total, blocked[k]);
+  State before, chunk_total;
+  BlockScanOf<Op>(shared.scan).ExclusiveScan(total, before, op.identity(), CombineFn<Op>{op},
+                                             chunk_total);
+  __syncthreads();
+  // Everything before each blocked element, sent back to the striped owner.
+  State run = op.combine(prefix_of(chunk_total), before);
+#pragma unroll
+  for (int k = 0; k < kScanItems; ++k) {
+    const State next = op.combine(run, blocked[k]);
+    blocked[k] = run;
+    run = next;
+  }
+  RowExchangeOf<Op>(shared.exchange).BlockedToStriped(blocked, blocked);
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < kScanItems; ++k) {
+    const int64_t p = chunk + int64_t(k) * kScanBlock + threadIdx.x;
+    if (p < line.len) {
+      const int64_t l = line.position(p);
+      op.store(line.base + l, l, blocked[k], op.combine(blocked[k], striped[k]));
+    }
+  }
+  return chunk_total;
 }
 
 // ---------------------------------------------------------------- rows path
@@ -153,9 +150,16 @@ __device__ void scan_row(const Op& op, int64_t row_base, int64_t len, bool rever
 template <typename Op>
 __global__ void __launch_bounds__(kScanBlock)
     rows_kernel(Op op, int64_t outer, int64_t len, bool reverse) {
+  using State = StateOf<Op>;
   __shared__ RowShared<Op> shared;
   for (int64_t row = blockIdx.x; row < outer; row += gridDim.x) {
-    scan_row(op, row * len, len, reverse, shared);
+    const Line line{row * len, 1, len, reverse};
+    // `carry` (the same in every thread) chains the chunks of the row.
+    State carry = op.identity();
+    for (int64_t chunk = 0; chunk < len; chunk += kRowChunk) {
+      const State total = scan_chunk(op, line, chunk, shared, [&](const State&) { return carry; });
+      carry = op.combine(carry, total);
+    }
   }
 }
 
@@ -236,7 +240,7 @@ __global__ void __launch_bounds__(kScanBlock)
     long_rows_kernel(Op op, int64_t len, bool reverse, int64_t tiles, int64_t groups,
                      TileSlots<StateOf<Op>> ws) {
   using State = StateOf<Op>;
-  __shared__ typename BlockScanOf<Op>::TempStorage tmp;
+  __shared__ RowShared<Op> shared;
   __shared__ unsigned long long ticket_of_block;
   // Tickets, not blockIdx, order the tiles: a block waits only for smaller
   // tickets, which belong to blocks that are already running.
@@ -246,34 +250,27 @@ __global__ void __launch_bounds__(kScanBlock)
   const int64_t row = ticket / tiles;
   const int64_t tile = ticket - row * tiles;
   const Line line{row * len, 1, len, reverse};
-
-  const int64_t first = tile * kTileLen + int64_t(threadIdx.x) * kTileItems;
-  State items[kTileItems];
-  const State total = load_run(op, line, first, len, items);
-  State before, tile_total;
-  BlockScanOf<Op>(tmp).ExclusiveScan(total, before, op.identity(), CombineFn<Op>{op}, tile_total);
-  __syncthreads();
-
   State* row_tiles = ws.tile_totals + row * tiles;
   unsigned int* row_tile_flags = ws.tile_flags + row * tiles;
-  if (threadIdx.x == 0) publish(row_tiles + tile, row_tile_flags + tile, tile_total);
-
   const int64_t group = tile / kGroupTiles;
   const int64_t group_first = group * kGroupTiles;
-  // The last tile of a group that later tiles depend on publishes its total.
-  if (tile - group_first == kGroupTiles - 1 && group + 1 < groups) {
-    const State g = reduce_published(op, row_tiles + group_first, row_tile_flags + group_first,
-                                     kGroupTiles, tmp);
-    if (threadIdx.x == 0) {
-      publish(ws.group_totals + row * groups + group, ws.group_flags + row * groups + group, g);
-    }
-  }
-  const State from_groups =
-      reduce_published(op, ws.group_totals + row * groups, ws.group_flags + row * groups, group, tmp);
-  const State from_tiles = reduce_published(op, row_tiles + group_first,
-                                            row_tile_flags + group_first, tile - group_first, tmp);
 
-  store_run(op, line, first, len, op.combine(op.combine(from_groups, from_tiles), before), items);
+  scan_chunk(op, line, tile * kTileLen, shared, [&](const State& tile_total) {
+    if (threadIdx.x == 0) publish(row_tiles + tile, row_tile_flags + tile, tile_total);
+    // The last tile of a group that later tiles depend on publishes its total.
+    if (tile - group_first == kGroupTiles - 1 && group + 1 < groups) {
+      const State g = reduce_published(op, row_tiles + group_first, row_tile_flags + group_first,
+                                       kGroupTiles, shared.scan);
+      if (threadIdx.x == 0) {
+        publish(ws.group_totals + row * groups + group, ws.group_flags + row * groups + group, g);
+      }
+    }
+    const State from_groups = reduce_published(op, ws.group_totals + row * groups,
+                                               ws.group_flags + row * groups, group, shared.scan);
+    const State from_tiles = reduce_published(
+        op, row_tiles + group_first, row_tile_flags + group_first, tile - group_first, shared.scan);
+    return op.combine(from_groups, from_tiles);
+  });
 }
 
 // ---------------------------------------------------------------- columns path

@@ -31,8 +31,7 @@ enum class ScanPath : int { kEmpty, kRows, kLongRows, kColumns };
 constexpr int kScanBlock = 256;         // threads of a row / tile block
 constexpr int kScanItems = 8;           // consecutive elements per thread
 constexpr int64_t kRowChunk = int64_t(kScanBlock) * kScanItems;
-constexpr int kTileItems = 16;          // long_rows: elements per thread
-constexpr int64_t kTileLen = int64_t(kScanBlock) * kTileItems;
+constexpr int64_t kTileLen = kRowChunk;   // long_rows: one chunk per tile
 constexpr int64_t kGroupTiles = 32;
 constexpr int kColumnBlock = 128;       // threads of a column block
 constexpr int64_t kWorkspaceSlotBytes = 16;  // every scan state fits in 16 bytes
