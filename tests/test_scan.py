@@ -31,8 +31,12 @@ PATH_CASES = [
     ((3, 40), 0, "columns"),        # one segment
     ((2, 33, 5, 3), 1, "columns"),
     ((500, 9), -1, "columns"),      # short rows: a thread per row
+    ((300, 1100), 0, "column_tiles"),
+    ((1100, 1024), 0, "column_tiles"),  # several tile groups per column
+    ((40, 3, 512), 0, "column_tiles"),
 ]
-ONE_PER_PATH = [PATH_CASES[i] for i in (0, 1, 4)]
+# The first case of every path (the backward tests run these).
+ONE_PER_PATH = [c for k, c in enumerate(PATH_CASES) if c[2] not in {d[2] for d in PATH_CASES[:k]}]
 
 
 def ours(name, x, dim, reverse=False):
@@ -121,7 +125,9 @@ def test_paths():
     meta = lambda *s: torch.empty(s, device="meta")  # noqa: E731
     assert bt.scan_path(meta(0, 5), 1) == "empty"
     assert bt.scan_path(meta(4096, 8192), -1) == "rows"
-    assert bt.scan_path(meta(4096, 8192), 0) == "columns"
+    assert bt.scan_path(meta(4096, 8192), 0) == "column_tiles"
+    assert bt.scan_path(meta(40000, 3), 0) == "columns"
+    assert bt.scan_path(meta(40000, 2048), 0) == "columns"  # too many tile groups
     assert bt.scan_path(meta(1, 1 << 24), -1) == "long_rows"
 
 

@@ -171,8 +171,8 @@ __global__ void __launch_bounds__(kScanBlock)
 template <typename State>
 struct TileSlots {
   unsigned long long* counter;
-  unsigned int* tile_flags;   // [outer * tiles], 1 once the tile total is out
-  unsigned int* group_flags;  // [outer * groups]
+  unsigned int* tile_flags;   // 1 once the tile's totals are out
+  unsigned int* group_flags;
   State* tile_totals;
   State* group_totals;
 };
@@ -183,10 +183,10 @@ TileSlots<State> tile_slots(void* workspace, const TileWorkspace& w) {
   TileSlots<State> t;
   t.counter = reinterpret_cast<unsigned long long*>(base);
   t.tile_flags = reinterpret_cast<unsigned int*>(base + 16);
-  t.group_flags = t.tile_flags + w.tile_count;
+  t.group_flags = t.tile_flags + w.tile_flags;
   t.tile_totals = reinterpret_cast<State*>(base + w.zeroed_bytes());
   t.group_totals = reinterpret_cast<State*>(base + w.zeroed_bytes() +
-                                            w.tile_count * kWorkspaceSlotBytes);
+                                            w.tile_slots * kWorkspaceSlotBytes);
   return t;
 }
 
@@ -200,12 +200,15 @@ __device__ void publish(State* slot, unsigned int* flag, const State& value) {
 
 // Reader side: spin on the flag, then read the state from L2 (volatile
 // loads; L1 is not coherent across SMs and may hold a stale line).
-template <typename State>
-__device__ State read_published(const State* slot, const unsigned int* flag) {
+__device__ inline void wait_ready(const unsigned int* flag) {
   const volatile unsigned int* f = flag;
   while (*f == 0u) {
   }
   __threadfence();
+}
+
+template <typename State>
+__device__ State read_volatile(const State* slot) {
   static_assert(sizeof(State) % 4 == 0, "scan states are made of 4-byte words");
   union {
     State state;
@@ -215,6 +218,12 @@ __device__ State read_published(const State* slot, const unsigned int* flag) {
 #pragma unroll
   for (int i = 0; i < int(sizeof(State) / 4); ++i) u.words[i] = src[i];
   return u.state;
+}
+
+template <typename State>
+__device__ State read_published(const State* slot, const unsigned int* flag) {
+  wait_ready(flag);
+  return read_volatile(slot);
 }
 
 // In-order reduction of n published states: thread j folds a fixed run of
@@ -347,6 +356,87 @@ __global__ void __launch_bounds__(kColumnBlock)
   walk_column<true>(op, s, reverse, span, carry);
 }
 
+// ---------------------------------------------------------------- column_tiles path
+// Tile (t, b): axis positions [t * kColumnTileRows, (t + 1) * kColumnTileRows)
+// of columns [b * kColumnBlock, (b + 1) * kColumnBlock); ticket t * blocks + b,
+// so a tile waits only for smaller tickets. Totals are per column (slot
+// t * columns + c), flags per tile (t * blocks + b). A tile's prefix, per
+// column, is the in-order fold of the earlier groups' totals and of the
+// earlier tiles of its group: the association depends on t only.
+
+// Threads [first, first + n) each wait for one flag; then the whole block may
+// read what those flags guard.
+__device__ inline void wait_all(const unsigned int* flags, int64_t stride, int64_t n, int first) {
+  const int64_t k = int64_t(threadIdx.x) - first;
+  if (k >= 0 && k < n) wait_ready(flags + k * stride);
+}
+
+// Every thread's state is written; then one flag says so.
+template <typename State>
+__device__ void publish_block(State* slot, bool active, const State& value, unsigned int* flag) {
+  if (active) *slot = value;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) atomicExch(flag, 1u);
+}
+
+template <typename Op>
+__global__ void __launch_bounds__(kColumnBlock)
+    column_tiles_kernel(Op op, ScanShape s, bool reverse, int64_t tiles, int64_t groups,
+                        int64_t blocks, TileSlots<StateOf<Op>> ws) {
+  using State = StateOf<Op>;
+  static_assert(kMaxColumnGroups + kGroupTiles <= kColumnBlock, "one waiting thread per flag");
+  __shared__ unsigned long long ticket_of_block;
+  if (threadIdx.x == 0) ticket_of_block = atomicAdd(ws.counter, 1ull);
+  __syncthreads();
+  const int64_t ticket = static_cast<int64_t>(ticket_of_block);
+  const int64_t tile = ticket / blocks;
+  const int64_t block = ticket - tile * blocks;
+  const int64_t columns = s.outer * s.inner;
+  const int64_t column = block * kColumnBlock + threadIdx.x;
+  const bool active = column < columns;
+  const int64_t o = active ? column / s.inner : 0;
+  const Line line{o * s.len * s.inner + (column - o * s.inner), s.inner, s.len, reverse};
+  const int64_t p_begin = tile * kColumnTileRows;
+  const int64_t p_end = p_begin + kColumnTileRows < s.len ? p_begin + kColumnTileRows : s.len;
+
+  State items[kColumnTileRows];
+  State total = op.identity();
+  if (active) total = load_run(op, line, p_begin, p_end, items);
+  publish_block(ws.tile_totals + tile * columns + column, active, total,
+                ws.tile_flags + tile * blocks + block);
+
+  const int64_t group = tile / kGroupTiles;
+  const int64_t group_first = group * kGroupTiles;
+  // The last tile of a group that later tiles depend on publishes its totals.
+  if (tile - group_first == kGroupTiles - 1 && group + 1 < groups) {
+    wait_all(ws.tile_flags + group_first * blocks + block, blocks, kGroupTiles, 0);
+    __syncthreads();
+    State g = op.identity();
+    if (active) {
+      for (int64_t t = group_first; t <= tile; ++t) {
+        g = op.combine(g, read_volatile(ws.tile_totals + t * columns + column));
+      }
+    }
+    publish_block(ws.group_totals + group * columns + column, active, g,
+                  ws.group_flags + group * blocks + block);
+  }
+
+  wait_all(ws.group_flags + block, blocks, group, 0);
+  wait_all(ws.tile_flags + group_first * blocks + block, blocks, tile - group_first,
+           kMaxColumnGroups);
+  __syncthreads();
+  if (!active) return;
+  State prefix = op.identity();
+  for (int64_t g = 0; g < group; ++g) {
+    prefix = op.combine(prefix, read_volatile(ws.group_totals + g * columns + column));
+  }
+  for (int64_t t = group_first; t < tile; ++t) {
+    prefix = op.combine(prefix, read_volatile(ws.tile_totals + t * columns + column));
+  }
+  store_run(op, line, p_begin, p_end, prefix, items);
+}
+
 // ---------------------------------------------------------------- launch
 
 constexpr int64_t kMaxRowBlocks = int64_t(1) << 30;
@@ -376,6 +466,16 @@ KernelStatus launch(const Op& op, const ScanShape& s, bool reverse, void* worksp
       const unsigned grid = static_cast<unsigned>(s.outer * plan.tiles);
       long_rows_kernel<<<grid, kScanBlock, 0, stream>>>(op, s.len, reverse, plan.tiles,
                                                         plan.groups, tile_slots<State>(workspace, w));
+      return launch_status();
+    }
+    case ScanPath::kColumnTiles: {
+      const TileWorkspace& w = plan.tile_ws;
+      const KernelStatus st =
+          to_status(cudaMemsetAsync(workspace, 0, static_cast<size_t>(w.zeroed_bytes()), stream));
+      if (!st.is_ok()) return st;
+      const unsigned grid = static_cast<unsigned>(plan.tiles * plan.column_blocks);
+      column_tiles_kernel<<<grid, kColumnBlock, 0, stream>>>(
+          op, s, reverse, plan.tiles, plan.groups, plan.column_blocks, tile_slots<State>(workspace, w));
       return launch_status();
     }
     case ScanPath::kColumns: {

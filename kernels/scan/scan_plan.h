@@ -12,11 +12,17 @@
 //              earlier tiles of its own group -- the same association
 //              whatever the timing, so bit-identical run to run, and a tile
 //              only ever waits for tiles with smaller tickets (no deadlock).
-//   columns    inner > 1: one thread per (outer, inner) column, coalesced
-//              along inner, walking the axis; long axes are cut into
-//              `segments` pieces chained the same three-pass way. Short rows
-//              (inner == 1, len <= kShortRow) take it too, a thread per row:
-//              a whole block per row of a few elements would idle.
+//   column_tiles  inner > 1 with many columns (e.g. dim 0 of [4096, 8192]):
+//              a tile is kColumnTileRows positions of the axis for
+//              kColumnBlock consecutive columns (a thread per column,
+//              coalesced along inner, its rows in registers), one pass with
+//              the same tickets and tile / group totals as long_rows, per
+//              column.
+//   columns    the other inner > 1 shapes: one thread per (outer, inner)
+//              column walks the axis; long axes are cut into `segments`
+//              pieces: reduce each, scan the segment totals, rescan. Short
+//              rows (inner == 1, len <= kShortRow) take it too, a thread per
+//              row: a whole block per row of a few elements would idle.
 #pragma once
 
 #include <algorithm>
@@ -26,7 +32,7 @@
 
 namespace baracuda {
 
-enum class ScanPath : int { kEmpty, kRows, kLongRows, kColumns };
+enum class ScanPath : int { kEmpty, kRows, kLongRows, kColumnTiles, kColumns };
 
 constexpr int kScanBlock = 256;         // threads of a row / tile block
 constexpr int kScanItems = 8;           // consecutive elements per thread
@@ -41,23 +47,30 @@ constexpr int64_t kMinSegmentLen = 32;
 constexpr int64_t kMaxGridY = 65535;
 constexpr int64_t kShortRow = 32;
 
-// long_rows workspace, in this order: the ticket counter (16 bytes), one
-// ready flag per tile and per group (uint32, zeroed before every launch),
-// then one state slot per tile and per group.
+constexpr int kColumnTileRows = 16;
+// column_tiles needs enough columns to fill its blocks, and few enough groups
+// that a tile's in-order prefix stays short.
+constexpr int64_t kMinTileColumns = 1024;
+constexpr int64_t kMaxColumnGroups = 64;
+
+// Workspace of the ticketed paths, in this order: the ticket counter (16
+// bytes), the ready flags of tiles and of groups (uint32, zeroed before every
+// launch), then the state slots of tiles and of groups. long_rows has a flag
+// and a slot per tile; column_tiles a flag per tile and a slot per column.
 struct TileWorkspace {
-  int64_t tile_count = 0;   // outer * tiles
-  int64_t group_count = 0;  // outer * groups
-  int64_t flag_bytes() const {
-    return ((tile_count + group_count) * 4 + 15) / 16 * 16;
-  }
-  int64_t zeroed_bytes() const { return 16 + flag_bytes(); }
-  int64_t bytes() const { return zeroed_bytes() + (tile_count + group_count) * kWorkspaceSlotBytes; }
+  int64_t tile_flags = 0;
+  int64_t group_flags = 0;
+  int64_t tile_slots = 0;
+  int64_t group_slots = 0;
+  int64_t zeroed_bytes() const { return 16 + ((tile_flags + group_flags) * 4 + 15) / 16 * 16; }
+  int64_t bytes() const { return zeroed_bytes() + (tile_slots + group_slots) * kWorkspaceSlotBytes; }
 };
 
 struct ScanPlan {
   ScanPath path = ScanPath::kEmpty;
-  int64_t tiles = 1;     // long_rows: tiles per row
-  int64_t groups = 1;    // long_rows: groups of kGroupTiles tiles per row
+  int64_t tiles = 1;     // long_rows: tiles per row; column_tiles: along the axis
+  int64_t groups = 1;    // groups of kGroupTiles tiles (per row / along the axis)
+  int64_t column_blocks = 1;  // column_tiles: blocks of kColumnBlock columns
   int64_t segments = 1;  // columns: pieces of the axis
   int64_t workspace_bytes = 0;
   TileWorkspace tile_ws;
@@ -73,16 +86,30 @@ inline ScanPlan plan_scan(const ScanShape& s) {
       p.path = ScanPath::kLongRows;
       p.tiles = tiles;
       p.groups = (tiles + kGroupTiles - 1) / kGroupTiles;
-      p.tile_ws.tile_count = s.outer * tiles;
-      p.tile_ws.group_count = s.outer * p.groups;
+      p.tile_ws.tile_flags = p.tile_ws.tile_slots = s.outer * tiles;
+      p.tile_ws.group_flags = p.tile_ws.group_slots = s.outer * p.groups;
       p.workspace_bytes = p.tile_ws.bytes();
     } else {
       p.path = ScanPath::kRows;
     }
     return p;
   }
-  p.path = ScanPath::kColumns;
   const int64_t columns = s.outer * s.inner;
+  const int64_t tiles = (s.len + kColumnTileRows - 1) / kColumnTileRows;
+  const int64_t groups = (tiles + kGroupTiles - 1) / kGroupTiles;
+  if (s.inner > 1 && columns >= kMinTileColumns && tiles >= 2 && groups <= kMaxColumnGroups) {
+    p.path = ScanPath::kColumnTiles;
+    p.tiles = tiles;
+    p.groups = groups;
+    p.column_blocks = (columns + kColumnBlock - 1) / kColumnBlock;
+    p.tile_ws.tile_flags = tiles * p.column_blocks;
+    p.tile_ws.group_flags = groups * p.column_blocks;
+    p.tile_ws.tile_slots = tiles * columns;
+    p.tile_ws.group_slots = groups * columns;
+    p.workspace_bytes = p.tile_ws.bytes();
+    return p;
+  }
+  p.path = ScanPath::kColumns;
   int64_t segments = (kTargetThreads + columns - 1) / columns;
   segments = std::min(segments, (s.len + kMinSegmentLen - 1) / kMinSegmentLen);
   segments = std::max<int64_t>(1, std::min(segments, kMaxGridY));
@@ -100,6 +127,7 @@ inline const char* scan_path_name(ScanPath path) {
     case ScanPath::kEmpty: return "empty";
     case ScanPath::kRows: return "rows";
     case ScanPath::kLongRows: return "long_rows";
+    case ScanPath::kColumnTiles: return "column_tiles";
     case ScanPath::kColumns: return "columns";
   }
   return "?";
