@@ -1,8 +1,8 @@
 // CUDA engine of the scan family: the functors of scan_ops.h run over one of
-// three paths (scan_plan.h). Every path combines in a fixed order that does
+// four paths (scan_plan.h). Every path combines in a fixed order that does
 // not depend on timing, so results are bit-identical run to run. The only
-// atomics are long_rows' tile tickets and ready flags: they order the work,
-// never a value.
+// atomics are the tile tickets and ready flags of long_rows and column_tiles:
+// they order the work, never a value.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -190,6 +190,16 @@ TileSlots<State> tile_slots(void* workspace, const TileWorkspace& w) {
   return t;
 }
 
+// The block's place in line. Tickets, not blockIdx, order the tiles: a block
+// waits only for smaller tickets, which belong to blocks already running, so
+// the waits cannot deadlock whatever order the hardware starts blocks in.
+__device__ inline int64_t take_ticket(unsigned long long* counter) {
+  __shared__ unsigned long long ticket;
+  if (threadIdx.x == 0) ticket = atomicAdd(counter, 1ull);
+  __syncthreads();
+  return static_cast<int64_t>(ticket);
+}
+
 // Writer side: the state first, then (after a fence) its flag.
 template <typename State>
 __device__ void publish(State* slot, unsigned int* flag, const State& value) {
@@ -250,12 +260,7 @@ __global__ void __launch_bounds__(kScanBlock)
                      TileSlots<StateOf<Op>> ws) {
   using State = StateOf<Op>;
   __shared__ RowShared<Op> shared;
-  __shared__ unsigned long long ticket_of_block;
-  // Tickets, not blockIdx, order the tiles: a block waits only for smaller
-  // tickets, which belong to blocks that are already running.
-  if (threadIdx.x == 0) ticket_of_block = atomicAdd(ws.counter, 1ull);
-  __syncthreads();
-  const int64_t ticket = static_cast<int64_t>(ticket_of_block);
+  const int64_t ticket = take_ticket(ws.counter);
   const int64_t row = ticket / tiles;
   const int64_t tile = ticket - row * tiles;
   const Line line{row * len, 1, len, reverse};
@@ -386,10 +391,7 @@ __global__ void __launch_bounds__(kColumnBlock)
                         int64_t blocks, TileSlots<StateOf<Op>> ws) {
   using State = StateOf<Op>;
   static_assert(kMaxColumnGroups + kGroupTiles <= kColumnBlock, "one waiting thread per flag");
-  __shared__ unsigned long long ticket_of_block;
-  if (threadIdx.x == 0) ticket_of_block = atomicAdd(ws.counter, 1ull);
-  __syncthreads();
-  const int64_t ticket = static_cast<int64_t>(ticket_of_block);
+  const int64_t ticket = take_ticket(ws.counter);
   const int64_t tile = ticket / blocks;
   const int64_t block = ticket - tile * blocks;
   const int64_t columns = s.outer * s.inner;
