@@ -128,6 +128,7 @@ def test_paths():
     assert bt.scan_path(meta(4096, 8192), 0) == "column_tiles"
     assert bt.scan_path(meta(40000, 3), 0) == "columns"
     assert bt.scan_path(meta(40000, 2048), 0) == "columns"  # too many tile groups
+    assert bt.scan_path(meta(16384, 8192), 0) == "columns"  # too much workspace
     assert bt.scan_path(meta(1, 1 << 24), -1) == "long_rows"
 
 

@@ -52,6 +52,10 @@ constexpr int kColumnTileRows = 16;
 // that a tile's in-order prefix stays short.
 constexpr int64_t kMinTileColumns = 1024;
 constexpr int64_t kMaxColumnGroups = 64;
+// Its per-column tile totals cost a slot per kColumnTileRows elements; past
+// this much workspace the three-pass columns path (a few slots per column)
+// is used instead.
+constexpr int64_t kMaxColumnTileWorkspace = int64_t(64) << 20;
 
 // Workspace of the ticketed paths, in this order: the ticket counter (16
 // bytes), the ready flags of tiles and of groups (uint32, zeroed before every
@@ -98,16 +102,21 @@ inline ScanPlan plan_scan(const ScanShape& s) {
   const int64_t tiles = (s.len + kColumnTileRows - 1) / kColumnTileRows;
   const int64_t groups = (tiles + kGroupTiles - 1) / kGroupTiles;
   if (s.inner > 1 && columns >= kMinTileColumns && tiles >= 2 && groups <= kMaxColumnGroups) {
-    p.path = ScanPath::kColumnTiles;
-    p.tiles = tiles;
-    p.groups = groups;
-    p.column_blocks = (columns + kColumnBlock - 1) / kColumnBlock;
-    p.tile_ws.tile_flags = tiles * p.column_blocks;
-    p.tile_ws.group_flags = groups * p.column_blocks;
-    p.tile_ws.tile_slots = tiles * columns;
-    p.tile_ws.group_slots = groups * columns;
-    p.workspace_bytes = p.tile_ws.bytes();
-    return p;
+    const int64_t blocks = (columns + kColumnBlock - 1) / kColumnBlock;
+    TileWorkspace w;
+    w.tile_flags = tiles * blocks;
+    w.group_flags = groups * blocks;
+    w.tile_slots = tiles * columns;
+    w.group_slots = groups * columns;
+    if (w.bytes() <= kMaxColumnTileWorkspace) {
+      p.path = ScanPath::kColumnTiles;
+      p.tiles = tiles;
+      p.groups = groups;
+      p.column_blocks = blocks;
+      p.tile_ws = w;
+      p.workspace_bytes = w.bytes();
+      return p;
+    }
   }
   p.path = ScanPath::kColumns;
   int64_t segments = (kTargetThreads + columns - 1) / columns;
