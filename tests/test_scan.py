@@ -177,14 +177,21 @@ def test_empty_length_one_scalar_and_rank_8(device, name, rng):
 
 
 @pytest.mark.parametrize("name", ALL_OPS)
-def test_results_are_contiguous_and_reproducible(device, name, rng):
-    x = random_input((2, 40000), torch.float32, device, rng, name)
-    a, b = ours(name, x, 1), ours(name, x, 1)
-    a, b = (a if isinstance(a, tuple) else (a,)), (b if isinstance(b, tuple) else (b,))
-    for u, w in zip(a, b):
-        assert u.is_contiguous()
-        assert torch.equal(u.view(torch.int32) if u.dtype == torch.float32 else u,
-                           w.view(torch.int32) if w.dtype == torch.float32 else w)
+def test_results_are_contiguous_and_bit_reproducible(device, name, rng):
+    # Bit for bit, run to run, on every path (the ticketed ones included),
+    # forward and backward.
+    for shape, dim, _ in ONE_PER_PATH:
+        x = random_input(shape, torch.float32, device, rng, name)
+        dy = torch.randn(shape, generator=rng).to(device)
+        runs = []
+        for _ in range(2):
+            out = ours(name, x, dim)
+            out = out if isinstance(out, tuple) else (out,)
+            runs.append(out + (our_grad(name, x, dim, False, dy),))
+        for u, w in zip(*runs):
+            assert u.is_contiguous()
+            assert torch.equal(u.view(torch.int32) if u.dtype == torch.float32 else u,
+                               w.view(torch.int32) if w.dtype == torch.float32 else w)
 
 
 def test_named_results(device):
