@@ -8,142 +8,18 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cub/block/block_exchange.cuh>
-#include <cub/block/block_scan.cuh>
 
 #include "common/cuda_launch.cuh"
+#include "scan/scan_block.cuh"
 #include "scan/scan_dispatch.h"
 #include "scan/scan_kernels.h"
 #include "scan/scan_plan.h"
+#include "scan/scan_publish.cuh"
 
 namespace baracuda {
 namespace {
 
-template <typename Op>
-using StateOf = typename Op::State;
-
-// Warp scans joined by a scan of the warp totals: a fixed, order-preserving
-// association (the ops are associative, not commutative) with a short
-// critical path, which matters for the costlier combines (log-add-exp).
-template <typename Op>
-using BlockScanOf = cub::BlockScan<StateOf<Op>, kScanBlock, cub::BLOCK_SCAN_WARP_SCANS>;
-
-template <typename Op>
-struct CombineFn {
-  Op op;
-  __device__ StateOf<Op> operator()(const StateOf<Op>& a, const StateOf<Op>& b) const {
-    return op.combine(a, b);
-  }
-};
-
-// Where a line of the axis lives: element l at base + l * stride.
-struct Line {
-  int64_t base;
-  int64_t stride;
-  int64_t len;
-  bool reverse;
-  __device__ int64_t position(int64_t p) const { return reverse ? len - 1 - p : p; }
-};
-
-// A thread's kItems consecutive elements of a line from scan position
-// `first`; positions at or past p_end hold the identity. Every load is issued
-// before any store of the caller. Returns their total.
-template <int kItems, typename Op>
-__device__ StateOf<Op> load_run(const Op& op, const Line& line, int64_t first, int64_t p_end,
-                                StateOf<Op> (&items)[kItems]) {
-  StateOf<Op> total = op.identity();
-#pragma unroll
-  for (int k = 0; k < kItems; ++k) {
-    const int64_t p = first + k;
-    items[k] = op.identity();
-    if (p < p_end) {
-      const int64_t l = line.position(p);
-      items[k] = op.load(line.base + l * line.stride, l);
-      total = op.combine(total, items[k]);
-    }
-  }
-  return total;
-}
-
-// Stores the run loaded by load_run, `run` being everything before it;
-// returns everything up to its end.
-template <int kItems, typename Op>
-__device__ StateOf<Op> store_run(const Op& op, const Line& line, int64_t first, int64_t p_end,
-                                 StateOf<Op> run, const StateOf<Op> (&items)[kItems]) {
-#pragma unroll
-  for (int k = 0; k < kItems; ++k) {
-    const int64_t p = first + k;
-    if (p < p_end) {
-      const int64_t l = line.position(p);
-      const StateOf<Op> incl = op.combine(run, items[k]);
-      op.store(line.base + l * line.stride, l, run, incl);
-      run = incl;
-    }
-  }
-  return run;
-}
-
-// Shared memory of a rows block: the block scan and the striped <-> blocked
-// exchanges take turns (a __syncthreads separates every use).
-template <typename Op>
-using RowExchangeOf = cub::BlockExchange<StateOf<Op>, kScanBlock, kScanItems>;
-
-template <typename Op>
-union RowShared {
-  typename BlockScanOf<Op>::TempStorage scan;
-  typename RowExchangeOf<Op>::TempStorage exchange;
-};
-
-// One block scans kRowChunk elements of a row (inner == 1) from scan
-// position `chunk`. Memory is read and written striped (element
-// k * kScanBlock + t by thread t: every warp access is one contiguous run);
-// the scan itself runs blocked (thread t owns kScanItems consecutive
-// elements, a block scan of the per-thread totals gives its prefix), the two
-// arrangements being exchanged through shared memory. `prefix_of(total)` is
-// called by every thread with the chunk's total and returns the state of
-// everything before the chunk. Returns the chunk's total.
-template <typename Op, typename PrefixOf>
-__device__ StateOf<Op> scan_chunk(const Op& op, const Line& line, int64_t chunk,
-                                  RowShared<Op>& shared, PrefixOf&& prefix_of) {
-  using State = StateOf<Op>;
-  State striped[kScanItems];
-#pragma unroll
-  for (int k = 0; k < kScanItems; ++k) {
-    const int64_t p = chunk + int64_t(k) * kScanBlock + threadIdx.x;
-    striped[k] = op.identity();
-    if (p < line.len) striped[k] = op.load(line.base + line.position(p), line.position(p));
-  }
-  State blocked[kScanItems];
-  RowExchangeOf<Op>(shared.exchange).StripedToBlocked(striped, blocked);
-  __syncthreads();
-  // Positions past the end hold the identity, so they may be folded in.
-  State total = op.identity();
-#pragma unroll
-  for (int k = 0; k < kScanItems; ++k) total = op.combine(total, blocked[k]);
-  State before, chunk_total;
-  BlockScanOf<Op>(shared.scan).ExclusiveScan(total, before, op.identity(), CombineFn<Op>{op},
-                                             chunk_total);
-  __syncthreads();
-  // Everything before each blocked element, sent back to the striped owner.
-  State run = op.combine(prefix_of(chunk_total), before);
-#pragma unroll
-  for (int k = 0; k < kScanItems; ++k) {
-    const State next = op.combine(run, blocked[k]);
-    blocked[k] = run;
-    run = next;
-  }
-  RowExchangeOf<Op>(shared.exchange).BlockedToStriped(blocked, blocked);
-  __syncthreads();
-#pragma unroll
-  for (int k = 0; k < kScanItems; ++k) {
-    const int64_t p = chunk + int64_t(k) * kScanBlock + threadIdx.x;
-    if (p < line.len) {
-      const int64_t l = line.position(p);
-      op.store(line.base + l, l, blocked[k], op.combine(blocked[k], striped[k]));
-    }
-  }
-  return chunk_total;
-}
+using namespace scan;
 
 // ---------------------------------------------------------------- rows path
 
@@ -167,92 +43,6 @@ __global__ void __launch_bounds__(kScanBlock)
 // One pass (scan_plan.h): tile `tile` of row `row` covers scan positions
 // [tile * kTileLen, (tile + 1) * kTileLen) and is held in registers while its
 // prefix is assembled from totals published by tiles with smaller tickets.
-
-template <typename State>
-struct TileSlots {
-  unsigned long long* counter;
-  unsigned int* tile_flags;   // 1 once the tile's totals are out
-  unsigned int* group_flags;
-  State* tile_totals;
-  State* group_totals;
-};
-
-template <typename State>
-TileSlots<State> tile_slots(void* workspace, const TileWorkspace& w) {
-  char* base = static_cast<char*>(workspace);
-  TileSlots<State> t;
-  t.counter = reinterpret_cast<unsigned long long*>(base);
-  t.tile_flags = reinterpret_cast<unsigned int*>(base + 16);
-  t.group_flags = t.tile_flags + w.tile_flags;
-  t.tile_totals = reinterpret_cast<State*>(base + w.zeroed_bytes());
-  t.group_totals = reinterpret_cast<State*>(base + w.zeroed_bytes() +
-                                            w.tile_slots * kWorkspaceSlotBytes);
-  return t;
-}
-
-// The block's place in line. Tickets, not blockIdx, order the tiles: a block
-// waits only for smaller tickets, which belong to blocks already running, so
-// the waits cannot deadlock whatever order the hardware starts blocks in.
-__device__ inline int64_t take_ticket(unsigned long long* counter) {
-  __shared__ unsigned long long ticket;
-  if (threadIdx.x == 0) ticket = atomicAdd(counter, 1ull);
-  __syncthreads();
-  return static_cast<int64_t>(ticket);
-}
-
-// Writer side: the state first, then (after a fence) its flag.
-template <typename State>
-__device__ void publish(State* slot, unsigned int* flag, const State& value) {
-  *slot = value;
-  __threadfence();
-  atomicExch(flag, 1u);
-}
-
-// Reader side: spin on the flag, then read the state from L2 (volatile
-// loads; L1 is not coherent across SMs and may hold a stale line).
-__device__ inline void wait_ready(const unsigned int* flag) {
-  const volatile unsigned int* f = flag;
-  while (*f == 0u) {
-  }
-  __threadfence();
-}
-
-template <typename State>
-__device__ State read_volatile(const State* slot) {
-  static_assert(sizeof(State) % 4 == 0, "scan states are made of 4-byte words");
-  union {
-    State state;
-    unsigned int words[sizeof(State) / 4];
-  } u;
-  const volatile unsigned int* src = reinterpret_cast<const volatile unsigned int*>(slot);
-#pragma unroll
-  for (int i = 0; i < int(sizeof(State) / 4); ++i) u.words[i] = src[i];
-  return u.state;
-}
-
-template <typename State>
-__device__ State read_published(const State* slot, const unsigned int* flag) {
-  wait_ready(flag);
-  return read_volatile(slot);
-}
-
-// In-order reduction of n published states: thread j folds a fixed run of
-// them, then a block scan joins the runs. The association depends on n only.
-template <typename Op>
-__device__ StateOf<Op> reduce_published(const Op& op, const StateOf<Op>* slots,
-                                        const unsigned int* flags, int64_t n,
-                                        typename BlockScanOf<Op>::TempStorage& tmp) {
-  using State = StateOf<Op>;
-  const int64_t per = (n + kScanBlock - 1) / kScanBlock;
-  const int64_t begin = int64_t(threadIdx.x) * per;
-  const int64_t end = begin + per < n ? begin + per : n;
-  State acc = op.identity();
-  for (int64_t k = begin; k < end; ++k) acc = op.combine(acc, read_published(slots + k, flags + k));
-  State before, total;
-  BlockScanOf<Op>(tmp).ExclusiveScan(acc, before, op.identity(), CombineFn<Op>{op}, total);
-  __syncthreads();
-  return total;
-}
 
 template <typename Op>
 __global__ void __launch_bounds__(kScanBlock)
@@ -368,22 +158,6 @@ __global__ void __launch_bounds__(kColumnBlock)
 // t * columns + c), flags per tile (t * blocks + b). A tile's prefix, per
 // column, is the in-order fold of the earlier groups' totals and of the
 // earlier tiles of its group: the association depends on t only.
-
-// Threads [first, first + n) each wait for one flag; then the whole block may
-// read what those flags guard.
-__device__ inline void wait_all(const unsigned int* flags, int64_t stride, int64_t n, int first) {
-  const int64_t k = int64_t(threadIdx.x) - first;
-  if (k >= 0 && k < n) wait_ready(flags + k * stride);
-}
-
-// Every thread's state is written; then one flag says so.
-template <typename State>
-__device__ void publish_block(State* slot, bool active, const State& value, unsigned int* flag) {
-  if (active) *slot = value;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) atomicExch(flag, 1u);
-}
 
 template <typename Op>
 __global__ void __launch_bounds__(kColumnBlock)
