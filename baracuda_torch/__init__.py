@@ -12,16 +12,23 @@ from . import masks  # noqa: F401
 from .block_sparse_attention import (attention_flops, block_sparse_attention,
                                      block_sparse_attention_path)
 from .merge import merge_state, merge_state_, merge_states
+from .scan import cummax, cummin, cumprod, cumsum, logcumsumexp, scan_path
 from .write_slice import write_slice, write_slice_, write_slice_at_, write_slice_path
 
 __all__ = [
     "attention_flops",
     "block_sparse_attention",
     "block_sparse_attention_path",
+    "cummax",
+    "cummin",
+    "cumprod",
+    "cumsum",
+    "logcumsumexp",
     "masks",
     "merge_state",
     "merge_state_",
     "merge_states",
+    "scan_path",
     "write_slice",
     "write_slice_",
     "write_slice_at_",

@@ -56,4 +56,25 @@ TORCH_LIBRARY(baracuda, m) {
   // Which executor block_sparse_attention takes for these arguments (for tests).
   m.def("block_sparse_attention_path(Tensor q, Tensor k, Tensor v, Tensor block_mask, "
         "int block_q, int block_k, float? scale=None, bool is_causal=False) -> str");
+
+  // ---- scans along one axis: cumsum, cumprod, logcumsumexp, cummax, cummin ----
+  // torch semantics; reverse=True scans from the last element to the first
+  // (indices stay in the original coordinates).
+  m.def("cumsum(Tensor x, int dim, bool reverse=False) -> Tensor",
+        {at::Tag::pt2_compliant_tag});
+  m.def("cumprod(Tensor x, int dim, bool reverse=False) -> Tensor",
+        {at::Tag::pt2_compliant_tag});
+  m.def("logcumsumexp(Tensor x, int dim, bool reverse=False) -> Tensor",
+        {at::Tag::pt2_compliant_tag});
+  m.def("cummax(Tensor x, int dim, bool reverse=False) -> (Tensor values, Tensor indices)",
+        {at::Tag::pt2_compliant_tag});
+  m.def("cummin(Tensor x, int dim, bool reverse=False) -> (Tensor values, Tensor indices)",
+        {at::Tag::pt2_compliant_tag});
+  // One backward for every kind ("cumsum", ..., "cummin"); x, y: the saved
+  // forward input and output (cumprod, logcumsumexp), indices: cummax/cummin's.
+  m.def("scan_backward(Tensor grad, Tensor? x, Tensor? y, Tensor? indices, int dim, "
+        "str kind, bool reverse) -> Tensor",
+        {at::Tag::pt2_compliant_tag});
+  // Which CUDA path a scan of x along dim takes (for tests and tuning).
+  m.def("scan_path(Tensor x, int dim) -> str");
 }

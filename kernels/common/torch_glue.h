@@ -4,6 +4,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/DeviceGuard.h>
 
 #include "common/status.h"
 
@@ -24,6 +25,22 @@ void check_status(const KernelStatus& status, const char* op, const char* what);
 // Defined (in cuda_stream.cpp) only in CUDA builds; call it under
 // BARACUDA_WITH_CUDA.
 void* current_cuda_stream(const at::Tensor& t);
+
+// Runs a launcher on the device of `device_ref`: the host kernel on CPU, the
+// CUDA one (on the current stream, under a device guard) otherwise.
+template <typename Args>
+void run_on_device(const char* op, const char* what, const Args& a, const at::Tensor& device_ref,
+                   KernelStatus (*on_cpu)(const Args&),
+                   KernelStatus (*on_cuda)(const Args&, void*)) {
+  if (device_ref.is_cpu()) return check_status(on_cpu(a), op, what);
+#ifdef BARACUDA_WITH_CUDA
+  const c10::DeviceGuard guard(device_ref.device());
+  check_status(on_cuda(a, current_cuda_stream(device_ref)), op, what);
+#else
+  (void)on_cuda;
+  TORCH_CHECK(false, "baracuda::", op, ": built without CUDA kernels; got ", device_ref.device());
+#endif
+}
 
 // A range of storage elements [first, last] a tensor view can touch.
 struct StorageSpan {

@@ -155,27 +155,12 @@ MergeForwardArgs stack_forward_args(const at::Tensor& v, const at::Tensor& s,
   return a;
 }
 
-// Runs a launcher on the device of `device_ref`: the host kernel on CPU, the
-// CUDA one (on the current stream, under a device guard) otherwise.
-template <typename Args>
-void run_merge(const char* op, const char* what, const Args& a, const at::Tensor& device_ref,
-               KernelStatus (*on_cpu)(const Args&), KernelStatus (*on_cuda)(const Args&, void*)) {
-  if (device_ref.is_cpu()) return check_status(on_cpu(a), op, what);
-#ifdef BARACUDA_WITH_CUDA
-  const c10::DeviceGuard guard(device_ref.device());
-  check_status(on_cuda(a, current_cuda_stream(device_ref)), op, what);
-#else
-  (void)on_cuda;
-  TORCH_CHECK(false, "baracuda::", op, ": built without CUDA kernels; got ", device_ref.device());
-#endif
-}
-
 void run_forward(const char* op, const MergeForwardArgs& a, const at::Tensor& device_ref) {
-  run_merge<MergeForwardArgs>(op, "merge", a, device_ref, &merge_forward_cpu, BARACUDA_CUDA_ONLY(&merge_forward_cuda));
+  run_on_device<MergeForwardArgs>(op, "merge", a, device_ref, &merge_forward_cpu, BARACUDA_CUDA_ONLY(&merge_forward_cuda));
 }
 
 void run_backward(const char* op, const MergeBackwardArgs& a, const at::Tensor& device_ref) {
-  run_merge<MergeBackwardArgs>(op, "merge backward", a, device_ref, &merge_backward_cpu,
+  run_on_device<MergeBackwardArgs>(op, "merge backward", a, device_ref, &merge_backward_cpu,
             BARACUDA_CUDA_ONLY(&merge_backward_cuda));
 }
 

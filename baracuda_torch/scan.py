@@ -1,0 +1,258 @@
+"""Scans along one axis: cumsum, cumprod, logcumsumexp, cummax, cummin.
+
+Each op equals its ``torch`` namesake (``torch.cumsum``, ...), plus a
+``reverse`` flag: ``reverse=True`` scans from the last element to the first,
+exactly like flipping, scanning and flipping back, with cummax / cummin
+indices in the original coordinates.
+
+====================  =======================  ==========================
+op                    returns                  backward reads (besides dy)
+====================  =======================  ==========================
+``cumsum``            ``y``                    --
+``cumprod``           ``y``                    ``x``, ``y``
+``logcumsumexp``      ``y``                    ``x``, ``y``
+``cummax``/``cummin``  ``(values, indices)``    ``indices``
+====================  =======================  ==========================
+
+Dtypes: float16, bfloat16, float32, float64 (half types accumulate in
+float32). Integer and bool inputs are rejected with an error; cast them to a
+float type first (torch would promote cumsum / cumprod of integers to int64).
+Any ``dim`` (negative too), any rank (a 0-d tensor scans as one element), any
+strides (a non-contiguous input is copied once), empty tensors. Results are
+contiguous and bit-identical run to run.
+
+Numerics:
+
+* ``cummax`` / ``cummin`` follow torch: a later element wins ties; a NaN
+  wins from where it appears on, and a later NaN takes its index over.
+* ``logcumsumexp``: an all ``-inf`` prefix gives ``-inf``, never NaN, and its
+  gradient is 0; inputs of magnitude 1e4 stay finite.
+* ``cumprod``'s gradient never divides by ``x``: exact with one or several
+  zeros.
+
+Every op is differentiable; the backward is one op, ``scan_backward``, for
+every kind, and is itself differentiable (double backward works). cummax /
+cummin backward sends each gradient to the index the forward returned,
+without scatter or atomics, so it is deterministic.
+"""
+
+import torch
+from torch import Tensor
+
+_OPS = torch.ops.baracuda
+
+
+def cumsum(x: Tensor, dim: int, *, reverse: bool = False) -> Tensor:
+    """Cumulative sum of ``x`` along ``dim``: ``y_i = x_0 + ... + x_i``
+    (``y_i = x_i + ... + x_{n-1}`` with ``reverse=True``).
+
+    Example::
+
+        >>> cumsum(torch.tensor([1., 2., 3.]), 0)
+        tensor([1., 3., 6.])
+        >>> cumsum(torch.tensor([1., 2., 3.]), 0, reverse=True)
+        tensor([6., 5., 3.])
+    """
+    return _OPS.cumsum.default(x, dim, reverse)
+
+
+def cumprod(x: Tensor, dim: int, *, reverse: bool = False) -> Tensor:
+    """Cumulative product of ``x`` along ``dim``. Its gradient is exact when
+    ``x`` holds zeros (no division by ``x``).
+
+    Example::
+
+        >>> cumprod(torch.tensor([2., 0., 3.]), 0)
+        tensor([2., 0., 0.])
+    """
+    return _OPS.cumprod.default(x, dim, reverse)
+
+
+def logcumsumexp(x: Tensor, dim: int, *, reverse: bool = False) -> Tensor:
+    """``y_i = log(exp(x_0) + ... + exp(x_i))`` along ``dim``, without
+    overflow. Leading ``-inf`` give ``-inf`` (and zero gradients).
+
+    Example::
+
+        >>> logcumsumexp(torch.tensor([float("-inf"), 0., 0.]), 0)
+        tensor([  -inf, 0.0000, 0.6931])
+    """
+    return _OPS.logcumsumexp.default(x, dim, reverse)
+
+
+def cummax(x: Tensor, dim: int, *, reverse: bool = False):
+    """Running maximum of ``x`` along ``dim`` and where it was found, as
+    ``torch.return_types.cummax(values, indices)`` (indices int64). Ties go
+    to the later element; a NaN, once met, is the maximum from then on (with
+    the index of the latest NaN).
+
+    Example::
+
+        >>> cummax(torch.tensor([1., 3., 2., 3.]), 0)
+        torch.return_types.cummax(values=tensor([1., 3., 3., 3.]), indices=tensor([0, 1, 1, 3]))
+    """
+    values, indices = _OPS.cummax.default(x, dim, reverse)
+    return torch.return_types.cummax((values, indices))
+
+
+def cummin(x: Tensor, dim: int, *, reverse: bool = False):
+    """Running minimum of ``x`` along ``dim`` and its indices, as
+    ``torch.return_types.cummin(values, indices)``; ties and NaN as
+    :func:`cummax`."""
+    values, indices = _OPS.cummin.default(x, dim, reverse)
+    return torch.return_types.cummin((values, indices))
+
+
+def scan_path(x: Tensor, dim: int) -> str:
+    """Which CUDA path a scan of ``x`` along ``dim`` takes: ``rows`` (scan
+    axis innermost, a block per row), ``long_rows`` (few very long rows, cut
+    into tiles), ``column_tiles`` (scan axis not innermost, at least 1024
+    columns, axis up to 32768 long: one pass over tiles), ``columns`` (other
+    non-innermost axes, or rows of at most 32 elements: a thread per column
+    or row) or ``empty``."""
+    return _OPS.scan_path.default(x, dim)
+
+
+# ---------------------------------------------------------------- fake kernels
+
+
+def _fake_scan(x, dim, reverse=False):
+    return x.new_empty(x.shape)
+
+
+def _fake_scan_with_indices(x, dim, reverse=False):
+    return x.new_empty(x.shape), x.new_empty(x.shape, dtype=torch.long)
+
+
+for _name in ("cumsum", "cumprod", "logcumsumexp"):
+    torch.library.register_fake(f"baracuda::{_name}")(_fake_scan)
+for _name in ("cummax", "cummin"):
+    torch.library.register_fake(f"baracuda::{_name}")(_fake_scan_with_indices)
+
+
+@torch.library.register_fake("baracuda::scan_backward")
+def _scan_backward_fake(grad, x, y, indices, dim, kind, reverse):
+    return grad.new_empty(grad.shape)
+
+
+# ---------------------------------------------------------------- autograd
+
+
+def _setup_scan(kind, saves_xy):
+    def setup(ctx, inputs, output):
+        x, dim, reverse = inputs
+        ctx.kind, ctx.dim, ctx.reverse = kind, dim, reverse
+        if saves_xy:
+            ctx.save_for_backward(x, output)
+    return setup
+
+
+def _backward_scan(ctx, grad):
+    x, y = ctx.saved_tensors if ctx.saved_tensors else (None, None)
+    return _OPS.scan_backward.default(grad, x, y, None, ctx.dim, ctx.kind, ctx.reverse), None, None
+
+
+def _setup_scan_with_indices(kind):
+    def setup(ctx, inputs, output):
+        _, dim, reverse = inputs
+        ctx.kind, ctx.dim, ctx.reverse = kind, dim, reverse
+        ctx.dtype = output[0].dtype
+        ctx.save_for_backward(output[1])
+    return setup
+
+
+def _backward_scan_with_indices(ctx, grad_values, grad_indices):
+    (indices,) = ctx.saved_tensors
+    if grad_values is None:  # only the indices were used
+        grad_values = torch.zeros(indices.shape, dtype=ctx.dtype, device=indices.device)
+    dx = _OPS.scan_backward.default(grad_values, None, None, indices, ctx.dim, ctx.kind, ctx.reverse)
+    return dx, None, None
+
+
+for _name, _saves in (("cumsum", False), ("cumprod", True), ("logcumsumexp", True)):
+    torch.library.register_autograd(f"baracuda::{_name}", _backward_scan,
+                                    setup_context=_setup_scan(_name, _saves))
+for _name in ("cummax", "cummin"):
+    torch.library.register_autograd(f"baracuda::{_name}", _backward_scan_with_indices,
+                                    setup_context=_setup_scan_with_indices(_name))
+
+
+# ------------------------------------------------ double backward (scan_backward's own)
+#
+# Written with differentiable ops (ours and torch's), in O(n) memory.
+
+
+def _shift(t, dim, step, fill):
+    """``t`` moved ``step`` (+1 or -1) places along ``dim``; the vacated end
+    is ``fill``."""
+    n = t.shape[dim]
+    if n == 0:
+        return t
+    edge = torch.full_like(t.narrow(dim, 0, 1), fill)
+    if step > 0:
+        return torch.cat([edge, t.narrow(dim, 0, n - 1)], dim)
+    return torch.cat([t.narrow(dim, 1, n - 1), edge], dim)
+
+
+def _cumprod_backward_vjp(gg, dy, x, y, dim):
+    """VJP of the forward-direction cumprod backward dx_i = y_{i-1} R_i,
+    R_i = sum_{j>=i} dy_j prod_{i<k<=j} x_k, with respect to (dy, x, y):
+
+        T_j = sum_{i<=j} gg_i y_{i-1} prod_{i<k<=j} x_k    -> d dy = T
+        d x_k = R_k T_{k-1},   d y_m = gg_{m+1} R_{m+1}
+
+    R is the backward itself with y = 1; T is the reverse-direction backward
+    applied to x shifted by one place (its products then span i<k<=j)."""
+    ones = torch.ones_like(x)
+    r = _OPS.scan_backward.default(dy, x, ones, None, dim, "cumprod", False)
+    h = gg * _shift(y, dim, +1, 1.0)
+    t = _OPS.scan_backward.default(h, _shift(x, dim, -1, 1.0), ones, None, dim, "cumprod", True)
+    return t, r * _shift(t, dim, +1, 0.0), _shift(gg * r, dim, -1, 0.0)
+
+
+def _logcumsumexp_backward_vjp(gg, dy, x, y, dx, dim, reverse):
+    """dx_i = sum_{j>=i} dy_j exp(x_i - y_j) (forward direction), so
+    d dy_j = exp(-y_j) sum_{i<=j} gg_i exp(x_i) (two logcumsumexp streams,
+    split by the sign of gg), d x_i = gg_i dx_i, d y_j = -dy_j d dy_j."""
+    pos = _OPS.logcumsumexp.default(x + torch.log(gg.clamp(min=0)), dim, reverse)
+    neg = _OPS.logcumsumexp.default(x + torch.log((-gg).clamp(min=0)), dim, reverse)
+    dead = torch.isneginf(y)
+    y_safe = torch.where(dead, torch.zeros_like(y), y)
+    g_dy = torch.where(dead, torch.zeros_like(y), torch.exp(pos - y_safe) - torch.exp(neg - y_safe))
+    return g_dy, gg * dx, -dy * g_dy
+
+
+def _setup_scan_backward(ctx, inputs, output):
+    grad, x, y, indices, dim, kind, reverse = inputs
+    ctx.kind, ctx.reverse = kind, reverse
+    ctx.dim = dim if grad.dim() == 0 else dim % grad.dim()
+    ctx.save_for_backward(grad, x, y, indices, output)
+
+
+def _backward_scan_backward(ctx, gg):
+    dy, x, y, indices, dx = ctx.saved_tensors
+    kind, dim, reverse = ctx.kind, ctx.dim, ctx.reverse
+    none = (None, None, None, None)
+    if kind == "cumsum":
+        return (_OPS.cumsum.default(gg, dim, reverse), None, None) + none
+    if kind in ("cummax", "cummin"):
+        if gg.dim() == 0:
+            return (gg, None, None) + none
+        return (torch.gather(gg, dim, indices), None, None) + none
+    if kind == "logcumsumexp":
+        return _logcumsumexp_backward_vjp(gg, dy, x, y, dx, dim, reverse) + none
+    # cumprod; 0-d tensors scan as length 1, and reverse is the mirror image.
+    scalar = gg.dim() == 0
+    args = [t.reshape(1) if scalar else t for t in (gg, dy, x, y)]
+    if reverse:
+        args = [t.flip(dim) for t in args]
+    out = _cumprod_backward_vjp(*args, dim)
+    if reverse:
+        out = [t.flip(dim) for t in out]
+    if scalar:
+        out = [t.reshape(()) for t in out]
+    return tuple(out) + none
+
+
+torch.library.register_autograd("baracuda::scan_backward", _backward_scan_backward,
+                                setup_context=_setup_scan_backward)

@@ -1,0 +1,102 @@
+"""Scan benchmark cases: cumsum, cumprod, logcumsumexp, cummax, cummin.
+
+Peers: torch's op (forward; for cumsum also ``torch.compile(torch.cumsum)``)
+and torch's backward alone (``torch.autograd.grad`` through torch's op on a
+retained graph); ours backward is ``scan_backward`` on the saved tensors.
+Bytes moved are the minimum: forward reads x and writes y (+ int64 indices
+for cummax / cummin); backward reads dy and the saved tensors it needs
+(cumprod, logcumsumexp: x and y; cummax / cummin: the indices) and writes dx.
+"""
+
+import torch
+
+import baracuda_torch as bt
+from common import Case, dtype_name, n_sets, rotate
+
+OPS = ["cumsum", "cumprod", "logcumsumexp", "cummax", "cummin"]
+_OPS = torch.ops.baracuda
+
+_sets = {}
+
+
+def _inputs(shape, dtype, device, count):
+    """Shared (x, dy) sets per shape and dtype; cumprod-friendly x near 1."""
+    key = (tuple(shape), dtype, device.type)
+    if key not in _sets:
+        out = []
+        for _ in range(count):
+            x = (1 + 1e-3 * torch.randn(shape, device=device)).to(dtype)
+            dy = torch.randn(shape, device=device).to(dtype)
+            out.append((x, dy))
+        _sets[key] = out
+    return _sets[key]
+
+
+def _values(out):
+    return out[0] if isinstance(out, tuple) else out
+
+
+def _bytes(name, numel, esize, backward):
+    if name in ("cummax", "cummin"):
+        return numel * (2 * esize + 8)
+    if backward and name in ("cumprod", "logcumsumexp"):
+        return numel * 4 * esize
+    return numel * 2 * esize
+
+
+_compiled_cumsum = None
+
+
+def _forward_cases(name, shape, dim, dtype, device, label):
+    global _compiled_cumsum
+    numel = torch.Size(shape).numel()
+    moved = _bytes(name, numel, torch.empty((), dtype=dtype).element_size(), False)
+    sets = _inputs(shape, dtype, device, n_sets(moved))
+    ours = rotate([lambda x=x: getattr(bt, name)(x, dim) for x, _ in sets])
+    peer = rotate([lambda x=x: getattr(torch, name)(x, dim) for x, _ in sets])
+    common = dict(dtype=dtype_name(dtype), bytes_moved=moved)
+    cases = [Case(f"{name} fwd {label}", ours=ours, peer=peer, peer_name=f"torch.{name}", **common)]
+    if name == "cumsum":
+        if _compiled_cumsum is None:
+            _compiled_cumsum = torch.compile(torch.cumsum, dynamic=False)
+        comp = rotate([lambda x=x: _compiled_cumsum(x, dim) for x, _ in sets])
+        cases.append(Case(f"{name} fwd {label}", ours=ours, peer=comp,
+                          peer_name="torch.compile(torch.cumsum)", **common))
+    return cases
+
+
+def _backward_case(name, shape, dim, dtype, device, label):
+    numel = torch.Size(shape).numel()
+    moved = _bytes(name, numel, torch.empty((), dtype=dtype).element_size(), True)
+    sets = _inputs(shape, dtype, device, n_sets(moved))
+    ours_fns, peer_fns = [], []
+    for x, dy in sets:
+        out = getattr(bt, name)(x, dim)
+        y, idx = (out[0], out[1]) if name in ("cummax", "cummin") else (out, None)
+        saved_x, saved_y = (x, y) if name in ("cumprod", "logcumsumexp") else (None, None)
+        ours_fns.append(lambda dy=dy, sx=saved_x, sy=saved_y, idx=idx: _OPS.scan_backward.default(
+            dy, sx, sy, idx, dim, name, False))
+        leaf = x.detach().requires_grad_()
+        torch_out = _values(getattr(torch, name)(leaf, dim))
+        peer_fns.append(lambda o=torch_out, leaf=leaf, dy=dy: torch.autograd.grad(
+            o, leaf, dy, retain_graph=True))
+    return Case(f"{name} bwd {label}", dtype=dtype_name(dtype), bytes_moved=moved,
+                ours=rotate(ours_fns), peer=rotate(peer_fns), peer_name=f"torch.{name} backward")
+
+
+def cases(device, quick=False):
+    rows, cols, long_len = (64, 128, 4096) if quick else (4096, 8192, 1 << 24)
+    shapes = [((rows, cols), -1, f"[{rows}, {cols}] dim=-1"),
+              ((rows, cols), 0, f"[{rows}, {cols}] dim=0"),
+              ((1, long_len), -1, f"[1, {long_len}]")]
+    out = []
+    for shape, dim, label in shapes:
+        for name in OPS:
+            out += _forward_cases(name, shape, dim, torch.float32, device, label)
+            out.append(_backward_case(name, shape, dim, torch.float32, device, label))
+    # bfloat16: the 2-D shapes, one op of each state kind.
+    for shape, dim, label in shapes[:2]:
+        for name in ("cumsum", "logcumsumexp", "cummax"):
+            out += _forward_cases(name, shape, dim, torch.bfloat16, device, label)
+            out.append(_backward_case(name, shape, dim, torch.bfloat16, device, label))
+    return out

@@ -1,0 +1,295 @@
+// CUDA engine of the scan family: the functors of scan_ops.h run over one of
+// four paths (scan_plan.h). Every path combines in a fixed order that does
+// not depend on timing, so results are bit-identical run to run. The only
+// atomics are the tile tickets and ready flags of long_rows and column_tiles:
+// they order the work, never a value.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "common/cuda_launch.cuh"
+#include "scan/scan_block.cuh"
+#include "scan/scan_dispatch.h"
+#include "scan/scan_kernels.h"
+#include "scan/scan_plan.h"
+#include "scan/scan_publish.cuh"
+
+namespace baracuda {
+namespace {
+
+using namespace scan;
+
+// ---------------------------------------------------------------- rows path
+
+template <typename Op>
+__global__ void __launch_bounds__(kScanBlock)
+    rows_kernel(Op op, int64_t outer, int64_t len, bool reverse) {
+  using State = StateOf<Op>;
+  __shared__ RowShared<Op> shared;
+  for (int64_t row = blockIdx.x; row < outer; row += gridDim.x) {
+    const Line line{row * len, 1, len, reverse};
+    // `carry` (the same in every thread) chains the chunks of the row.
+    State carry = op.identity();
+    for (int64_t chunk = 0; chunk < len; chunk += kRowChunk) {
+      const State total = scan_chunk(op, line, chunk, shared, [&](const State&) { return carry; });
+      carry = op.combine(carry, total);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- long_rows path
+// One pass (scan_plan.h): tile `tile` of row `row` covers scan positions
+// [tile * kTileLen, (tile + 1) * kTileLen) and is held in registers while its
+// prefix is assembled from totals published by tiles with smaller tickets.
+
+template <typename Op>
+__global__ void __launch_bounds__(kScanBlock)
+    long_rows_kernel(Op op, int64_t len, bool reverse, int64_t tiles, int64_t groups,
+                     TileSlots<StateOf<Op>> ws) {
+  using State = StateOf<Op>;
+  __shared__ RowShared<Op> shared;
+  const int64_t ticket = take_ticket(ws.counter);
+  const int64_t row = ticket / tiles;
+  const int64_t tile = ticket - row * tiles;
+  const Line line{row * len, 1, len, reverse};
+  State* row_tiles = ws.tile_totals + row * tiles;
+  unsigned int* row_tile_flags = ws.tile_flags + row * tiles;
+  const int64_t group = tile / kGroupTiles;
+  const int64_t group_first = group * kGroupTiles;
+
+  scan_chunk(op, line, tile * kTileLen, shared, [&](const State& tile_total) {
+    if (threadIdx.x == 0) publish(row_tiles + tile, row_tile_flags + tile, tile_total);
+    // The last tile of a group that later tiles depend on publishes its total.
+    if (tile - group_first == kGroupTiles - 1 && group + 1 < groups) {
+      const State g = reduce_published(op, row_tiles + group_first, row_tile_flags + group_first,
+                                       kGroupTiles, shared.scan);
+      if (threadIdx.x == 0) {
+        publish(ws.group_totals + row * groups + group, ws.group_flags + row * groups + group, g);
+      }
+    }
+    const State from_groups = reduce_published(op, ws.group_totals + row * groups,
+                                               ws.group_flags + row * groups, group, shared.scan);
+    const State from_tiles = reduce_published(
+        op, row_tiles + group_first, row_tile_flags + group_first, tile - group_first, shared.scan);
+    return op.combine(from_groups, from_tiles);
+  });
+}
+
+// ---------------------------------------------------------------- columns path
+// Thread c owns column c = o * inner + i (consecutive threads, consecutive
+// addresses) and walks segment blockIdx.y of its axis. Workspace: one state
+// per (segment, column), segment-major.
+
+struct ColumnSpan {
+  int64_t base;     // offset of (o, 0, i)
+  int64_t p_begin;  // scan positions of this thread's segment
+  int64_t p_end;
+};
+
+__device__ inline bool column_span(const ScanShape& s, int64_t seg_len, ColumnSpan& span,
+                                   int64_t& column) {
+  column = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (column >= s.outer * s.inner) return false;
+  const int64_t o = column / s.inner;
+  const int64_t i = column - o * s.inner;
+  span.base = o * s.len * s.inner + i;
+  span.p_begin = int64_t(blockIdx.y) * seg_len;
+  span.p_end = span.p_begin + seg_len < s.len ? span.p_begin + seg_len : s.len;
+  return true;
+}
+
+// Walks one thread's segment in batches of kColumnBatch: every load of a
+// batch is issued before its first store, so each thread keeps several loads
+// in flight (the compiler cannot move loads past stores that may alias).
+constexpr int kColumnBatch = 8;
+
+template <bool kStore, typename Op>
+__device__ StateOf<Op> walk_column(const Op& op, const ScanShape& s, bool reverse,
+                                   const ColumnSpan& span, StateOf<Op> carry) {
+  const Line line{span.base, s.inner, s.len, reverse};
+  for (int64_t p0 = span.p_begin; p0 < span.p_end; p0 += kColumnBatch) {
+    StateOf<Op> items[kColumnBatch];
+    const StateOf<Op> total = load_run(op, line, p0, span.p_end, items);
+    carry = kStore ? store_run(op, line, p0, span.p_end, carry, items) : op.combine(carry, total);
+  }
+  return carry;
+}
+
+template <typename Op>
+__global__ void __launch_bounds__(kColumnBlock)
+    column_total_kernel(Op op, ScanShape s, bool reverse, int64_t seg_len, StateOf<Op>* ws) {
+  ColumnSpan span;
+  int64_t column;
+  if (!column_span(s, seg_len, span, column)) return;
+  ws[int64_t(blockIdx.y) * s.outer * s.inner + column] =
+      walk_column<false>(op, s, reverse, span, op.identity());
+}
+
+template <typename Op>
+__global__ void __launch_bounds__(kColumnBlock)
+    column_prefix_kernel(Op op, int64_t columns, int64_t segments, StateOf<Op>* ws) {
+  const int64_t column = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (column >= columns) return;
+  StateOf<Op> run = op.identity();
+  for (int64_t seg = 0; seg < segments; ++seg) {
+    const StateOf<Op> t = ws[seg * columns + column];
+    ws[seg * columns + column] = run;
+    run = op.combine(run, t);
+  }
+}
+
+template <typename Op>
+__global__ void __launch_bounds__(kColumnBlock)
+    column_scan_kernel(Op op, ScanShape s, bool reverse, int64_t seg_len, const StateOf<Op>* ws) {
+  ColumnSpan span;
+  int64_t column;
+  if (!column_span(s, seg_len, span, column)) return;
+  const StateOf<Op> carry =
+      ws ? ws[int64_t(blockIdx.y) * s.outer * s.inner + column] : op.identity();
+  walk_column<true>(op, s, reverse, span, carry);
+}
+
+// ---------------------------------------------------------------- column_tiles path
+// Tile (t, b): axis positions [t * kColumnTileRows, (t + 1) * kColumnTileRows)
+// of columns [b * kColumnBlock, (b + 1) * kColumnBlock); ticket t * blocks + b,
+// so a tile waits only for smaller tickets. Totals are per column (slot
+// t * columns + c), flags per tile (t * blocks + b). A tile's prefix, per
+// column, is the in-order fold of the earlier groups' totals and of the
+// earlier tiles of its group: the association depends on t only.
+
+template <typename Op>
+__global__ void __launch_bounds__(kColumnBlock)
+    column_tiles_kernel(Op op, ScanShape s, bool reverse, int64_t tiles, int64_t groups,
+                        int64_t blocks, TileSlots<StateOf<Op>> ws) {
+  using State = StateOf<Op>;
+  static_assert(kMaxColumnGroups + kGroupTiles <= kColumnBlock, "one waiting thread per flag");
+  const int64_t ticket = take_ticket(ws.counter);
+  const int64_t tile = ticket / blocks;
+  const int64_t block = ticket - tile * blocks;
+  const int64_t columns = s.outer * s.inner;
+  const int64_t column = block * kColumnBlock + threadIdx.x;
+  const bool active = column < columns;
+  const int64_t o = active ? column / s.inner : 0;
+  const Line line{o * s.len * s.inner + (column - o * s.inner), s.inner, s.len, reverse};
+  const int64_t p_begin = tile * kColumnTileRows;
+  const int64_t p_end = p_begin + kColumnTileRows < s.len ? p_begin + kColumnTileRows : s.len;
+
+  State items[kColumnTileRows];
+  State total = op.identity();
+  if (active) total = load_run(op, line, p_begin, p_end, items);
+  publish_block(ws.tile_totals + tile * columns + column, active, total,
+                ws.tile_flags + tile * blocks + block);
+
+  const int64_t group = tile / kGroupTiles;
+  const int64_t group_first = group * kGroupTiles;
+  // The last tile of a group that later tiles depend on publishes its totals.
+  if (tile - group_first == kGroupTiles - 1 && group + 1 < groups) {
+    wait_all(ws.tile_flags + group_first * blocks + block, blocks, kGroupTiles, 0);
+    __syncthreads();
+    State g = op.identity();
+    if (active) {
+      for (int64_t t = group_first; t <= tile; ++t) {
+        g = op.combine(g, read_volatile(ws.tile_totals + t * columns + column));
+      }
+    }
+    publish_block(ws.group_totals + group * columns + column, active, g,
+                  ws.group_flags + group * blocks + block);
+  }
+
+  wait_all(ws.group_flags + block, blocks, group, 0);
+  wait_all(ws.tile_flags + group_first * blocks + block, blocks, tile - group_first,
+           kMaxColumnGroups);
+  __syncthreads();
+  if (!active) return;
+  State prefix = op.identity();
+  for (int64_t g = 0; g < group; ++g) {
+    prefix = op.combine(prefix, read_volatile(ws.group_totals + g * columns + column));
+  }
+  for (int64_t t = group_first; t < tile; ++t) {
+    prefix = op.combine(prefix, read_volatile(ws.tile_totals + t * columns + column));
+  }
+  store_run(op, line, p_begin, p_end, prefix, items);
+}
+
+// ---------------------------------------------------------------- launch
+
+constexpr int64_t kMaxRowBlocks = int64_t(1) << 30;
+
+template <typename Op>
+KernelStatus launch(const Op& op, const ScanShape& s, bool reverse, void* workspace,
+                    cudaStream_t stream) {
+  using State = StateOf<Op>;
+  static_assert(sizeof(State) <= kWorkspaceSlotBytes, "scan state larger than a workspace slot");
+  const ScanPlan plan = plan_scan(s);
+  State* ws = static_cast<State*>(workspace);
+  if (plan.workspace_bytes > 0 && ws == nullptr) {
+    return KernelStatus::invalid("scan: this shape needs a workspace");
+  }
+  switch (plan.path) {
+    case ScanPath::kEmpty: return KernelStatus::ok();
+    case ScanPath::kRows: {
+      const unsigned grid = static_cast<unsigned>(std::min(s.outer, kMaxRowBlocks));
+      rows_kernel<<<grid, kScanBlock, 0, stream>>>(op, s.outer, s.len, reverse);
+      return launch_status();
+    }
+    case ScanPath::kLongRows: {
+      const TileWorkspace& w = plan.tile_ws;
+      const KernelStatus st =
+          to_status(cudaMemsetAsync(workspace, 0, static_cast<size_t>(w.zeroed_bytes()), stream));
+      if (!st.is_ok()) return st;
+      const unsigned grid = static_cast<unsigned>(s.outer * plan.tiles);
+      long_rows_kernel<<<grid, kScanBlock, 0, stream>>>(op, s.len, reverse, plan.tiles,
+                                                        plan.groups, tile_slots<State>(workspace, w));
+      return launch_status();
+    }
+    case ScanPath::kColumnTiles: {
+      const TileWorkspace& w = plan.tile_ws;
+      const KernelStatus st =
+          to_status(cudaMemsetAsync(workspace, 0, static_cast<size_t>(w.zeroed_bytes()), stream));
+      if (!st.is_ok()) return st;
+      const unsigned grid = static_cast<unsigned>(plan.tiles * plan.column_blocks);
+      column_tiles_kernel<<<grid, kColumnBlock, 0, stream>>>(
+          op, s, reverse, plan.tiles, plan.groups, plan.column_blocks, tile_slots<State>(workspace, w));
+      return launch_status();
+    }
+    case ScanPath::kColumns: {
+      const int64_t columns = s.outer * s.inner;
+      const int64_t seg_len = ceil_div(s.len, plan.segments);
+      const dim3 grid(static_cast<unsigned>(ceil_div(columns, kColumnBlock)),
+                      static_cast<unsigned>(plan.segments));
+      if (plan.segments == 1) {
+        column_scan_kernel<<<grid, kColumnBlock, 0, stream>>>(op, s, reverse, seg_len, nullptr);
+        return launch_status();
+      }
+      column_total_kernel<<<grid, kColumnBlock, 0, stream>>>(op, s, reverse, seg_len, ws);
+      KernelStatus st = launch_status();
+      if (!st.is_ok()) return st;
+      column_prefix_kernel<<<grid.x, kColumnBlock, 0, stream>>>(op, columns, plan.segments, ws);
+      st = launch_status();
+      if (!st.is_ok()) return st;
+      column_scan_kernel<<<grid, kColumnBlock, 0, stream>>>(op, s, reverse, seg_len, ws);
+      return launch_status();
+    }
+  }
+  return KernelStatus::invalid("scan: unknown path");
+}
+
+template <typename Args>
+KernelStatus run_device(const Args& a, void* stream) {
+  return scan::dispatch_scan<__half, __nv_bfloat16, float>(a, [&](const auto& op, bool reverse) {
+    return launch(op, a.shape, reverse, a.workspace, static_cast<cudaStream_t>(stream));
+  });
+}
+
+}  // namespace
+
+KernelStatus scan_forward_cuda(const ScanForwardArgs& args, void* stream) {
+  return run_device(args, stream);
+}
+KernelStatus scan_backward_cuda(const ScanBackwardArgs& args, void* stream) {
+  return run_device(args, stream);
+}
+
+}  // namespace baracuda

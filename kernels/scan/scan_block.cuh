@@ -1,0 +1,144 @@
+// Block-level building blocks of the CUDA scan engine (scan.cu): the combine
+// as a cub scan operator, runs of consecutive elements of one line of the
+// axis, and the striped-load / blocked-scan / striped-store chunk that the
+// rows and long_rows paths share. No torch headers.
+#pragma once
+
+#include <cub/block/block_exchange.cuh>
+#include <cub/block/block_scan.cuh>
+
+#include <cstdint>
+
+#include "scan/scan_plan.h"
+
+namespace baracuda {
+namespace scan {
+
+template <typename Op>
+using StateOf = typename Op::State;
+
+// Warp scans joined by a scan of the warp totals: a fixed, order-preserving
+// association (the ops are associative, not commutative) with a short
+// critical path, which matters for the costlier combines (log-add-exp).
+template <typename Op>
+using BlockScanOf = cub::BlockScan<StateOf<Op>, kScanBlock, cub::BLOCK_SCAN_WARP_SCANS>;
+
+template <typename Op>
+struct CombineFn {
+  Op op;
+  __device__ StateOf<Op> operator()(const StateOf<Op>& a, const StateOf<Op>& b) const {
+    return op.combine(a, b);
+  }
+};
+
+// Where a line of the axis lives: element l at base + l * stride.
+struct Line {
+  int64_t base;
+  int64_t stride;
+  int64_t len;
+  bool reverse;
+  __device__ int64_t position(int64_t p) const { return reverse ? len - 1 - p : p; }
+};
+
+// A thread's kItems consecutive elements of a line from scan position
+// `first`; positions at or past p_end hold the identity. Every load is issued
+// before any store of the caller. Returns their total.
+template <int kItems, typename Op>
+__device__ StateOf<Op> load_run(const Op& op, const Line& line, int64_t first, int64_t p_end,
+                                StateOf<Op> (&items)[kItems]) {
+  StateOf<Op> total = op.identity();
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) {
+    const int64_t p = first + k;
+    items[k] = op.identity();
+    if (p < p_end) {
+      const int64_t l = line.position(p);
+      items[k] = op.load(line.base + l * line.stride, l);
+      total = op.combine(total, items[k]);
+    }
+  }
+  return total;
+}
+
+// Stores the run loaded by load_run, `run` being everything before it;
+// returns everything up to its end.
+template <int kItems, typename Op>
+__device__ StateOf<Op> store_run(const Op& op, const Line& line, int64_t first, int64_t p_end,
+                                 StateOf<Op> run, const StateOf<Op> (&items)[kItems]) {
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) {
+    const int64_t p = first + k;
+    if (p < p_end) {
+      const int64_t l = line.position(p);
+      const StateOf<Op> incl = op.combine(run, items[k]);
+      op.store(line.base + l * line.stride, l, run, incl);
+      run = incl;
+    }
+  }
+  return run;
+}
+
+// Shared memory of a rows block: the block scan and the striped <-> blocked
+// exchanges take turns (a __syncthreads separates every use).
+template <typename Op>
+using RowExchangeOf = cub::BlockExchange<StateOf<Op>, kScanBlock, kScanItems>;
+
+template <typename Op>
+union RowShared {
+  typename BlockScanOf<Op>::TempStorage scan;
+  typename RowExchangeOf<Op>::TempStorage exchange;
+};
+
+// One block scans kRowChunk elements of a row (inner == 1) from scan
+// position `chunk`. Memory is read and written striped (element
+// k * kScanBlock + t by thread t: every warp access is one contiguous run);
+// the scan itself runs blocked (thread t owns kScanItems consecutive
+// elements, a block scan of the per-thread totals gives its prefix), the two
+// arrangements being exchanged through shared memory. `prefix_of(total)` is
+// called by every thread with the chunk's total and returns the state of
+// everything before the chunk. Returns the chunk's total.
+template <typename Op, typename PrefixOf>
+__device__ StateOf<Op> scan_chunk(const Op& op, const Line& line, int64_t chunk,
+                                  RowShared<Op>& shared, PrefixOf&& prefix_of) {
+  using State = StateOf<Op>;
+  State striped[kScanItems];
+#pragma unroll
+  for (int k = 0; k < kScanItems; ++k) {
+    const int64_t p = chunk + int64_t(k) * kScanBlock + threadIdx.x;
+    striped[k] = op.identity();
+    if (p < line.len) striped[k] = op.load(line.base + line.position(p), line.position(p));
+  }
+  State blocked[kScanItems];
+  RowExchangeOf<Op>(shared.exchange).StripedToBlocked(striped, blocked);
+  __syncthreads();
+  // Positions past the end hold the identity, so they may be folded in.
+  State total = op.identity();
+#pragma unroll
+  for (int k = 0; k < kScanItems; ++k) total = op.combine(total, blocked[k]);
+  State before, chunk_total;
+  BlockScanOf<Op>(shared.scan).ExclusiveScan(total, before, op.identity(), CombineFn<Op>{op},
+                                             chunk_total);
+  __syncthreads();
+  // Everything before each blocked element, sent back to the striped owner.
+  State run = op.combine(prefix_of(chunk_total), before);
+#pragma unroll
+  for (int k = 0; k < kScanItems; ++k) {
+    const State next = op.combine(run, blocked[k]);
+    blocked[k] = run;
+    run = next;
+  }
+  RowExchangeOf<Op>(shared.exchange).BlockedToStriped(blocked, blocked);
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < kScanItems; ++k) {
+    const int64_t p = chunk + int64_t(k) * kScanBlock + threadIdx.x;
+    if (p < line.len) {
+      const int64_t l = line.position(p);
+      op.store(line.base + l, l, blocked[k], op.combine(blocked[k], striped[k]));
+    }
+  }
+  return chunk_total;
+}
+
+}  // namespace scan
+}  // namespace baracuda

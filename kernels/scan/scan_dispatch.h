@@ -1,0 +1,110 @@
+// From launch arguments to a concrete (load, combine, store) functor, once for
+// both engines: `run(op, scan_reverse)` is the engine (CPU loop or CUDA
+// kernels). Half and BFloat16 are the device's half types; the host engine
+// passes void for both and is never handed half data (the op layer upcasts).
+// Float32Acc accumulates float32 data: float on the device, whose tree-shaped
+// scan rounds little; double on the host, whose sequential walk would
+// otherwise round once per element (torch's CPU scans do the same).
+#pragma once
+
+#include <type_traits>
+
+#include "scan/scan_kernels.h"
+#include "scan/scan_ops.h"
+
+namespace baracuda {
+namespace scan {
+
+template <typename T, typename Acc, typename Run>
+KernelStatus forward_for(const ScanForwardArgs& a, Run&& run) {
+  const T* x = static_cast<const T*>(a.x);
+  T* y = static_cast<T*>(a.y);
+  auto plain = [&](auto op) {
+    op.x = x;
+    op.y = y;
+    return run(op, a.reverse);
+  };
+  switch (a.kind) {
+    case ScanKind::kCumsum: return plain(PlainForward<T, Acc, SumCombine>{});
+    case ScanKind::kCumprod: return plain(PlainForward<T, Acc, ProdCombine>{});
+    case ScanKind::kLogcumsumexp: return plain(PlainForward<T, Acc, LogAddExpCombine>{});
+    case ScanKind::kCummax: {
+      ExtremeForward<T, Acc, true> op;
+      op.x = x; op.y = y; op.indices = a.indices;
+      return run(op, a.reverse);
+    }
+    case ScanKind::kCummin: {
+      ExtremeForward<T, Acc, false> op;
+      op.x = x; op.y = y; op.indices = a.indices;
+      return run(op, a.reverse);
+    }
+  }
+  return KernelStatus::invalid("unknown scan kind");
+}
+
+// Every backward scan runs against the forward direction.
+template <typename T, typename Acc, typename Run>
+KernelStatus backward_for(const ScanBackwardArgs& a, Run&& run) {
+  const GradWithSaved<T> saved{static_cast<const T*>(a.dy), static_cast<const T*>(a.x),
+                               static_cast<const T*>(a.y), static_cast<T*>(a.dx)};
+  const bool back = !a.reverse;
+  switch (a.kind) {
+    case ScanKind::kCumsum: {
+      CumsumBackward<T, Acc> op;
+      op.dy = saved.dy; op.dx = saved.dx;
+      return run(op, back);
+    }
+    case ScanKind::kCumprod: {
+      CumprodBackward<T, Acc> op;
+      static_cast<GradWithSaved<T>&>(op) = saved;
+      op.len = a.shape.len; op.inner = a.shape.inner; op.forward_reverse = a.reverse;
+      return run(op, back);
+    }
+    case ScanKind::kLogcumsumexp: {
+      LogcumsumexpBackward<T, Acc> op;
+      static_cast<GradWithSaved<T>&>(op) = saved;
+      return run(op, back);
+    }
+    case ScanKind::kCummax:
+    case ScanKind::kCummin: {
+      ExtremeBackward<T, Acc> op;
+      op.dy = saved.dy; op.indices = a.indices; op.dx = saved.dx;
+      return run(op, back);
+    }
+  }
+  return KernelStatus::invalid("unknown scan kind");
+}
+
+template <typename Half, typename BFloat16, typename Float32Acc, typename Args, typename Run>
+KernelStatus dispatch_scan(const Args& a, Run&& run) {
+  constexpr bool kForward = std::is_same<Args, ScanForwardArgs>::value;
+  auto go = [&](auto storage, auto acc) {
+    using T = decltype(storage);
+    using Acc = decltype(acc);
+    if constexpr (kForward) {
+      return forward_for<T, Acc>(a, run);
+    } else {
+      return backward_for<T, Acc>(a, run);
+    }
+  };
+  switch (a.dtype) {
+    case ScanDtype::kFloat32: return go(float{}, Float32Acc{});
+    case ScanDtype::kFloat64: return go(double{}, double{});
+    case ScanDtype::kFloat16:
+      if constexpr (std::is_void<Half>::value) {
+        return KernelStatus::invalid("half types must be upcast before the host scan");
+      } else {
+        return go(Half{}, float{});
+      }
+    case ScanDtype::kBFloat16:
+      if constexpr (std::is_void<BFloat16>::value) {
+        return KernelStatus::invalid("half types must be upcast before the host scan");
+      } else {
+        return go(BFloat16{}, float{});
+      }
+  }
+  return KernelStatus::invalid("unknown scan dtype");
+}
+
+}  // namespace scan
+}  // namespace baracuda

@@ -1,0 +1,66 @@
+// Launchers of the scan family (cumsum, cumprod, logcumsumexp, cummax,
+// cummin and their backward passes), over raw pointers.
+//
+// Every tensor is contiguous and viewed as [outer, len, inner] around the
+// scan axis: element (o, l, i) lives at o * len * inner + l * inner + i. The
+// op layer makes its inputs contiguous (one copy at most) before calling.
+#pragma once
+
+#include <cstdint>
+
+#include "common/status.h"
+
+namespace baracuda {
+
+enum class ScanKind : int { kCumsum, kCumprod, kLogcumsumexp, kCummax, kCummin };
+enum class ScanDtype : int { kFloat16, kBFloat16, kFloat32, kFloat64 };
+
+struct ScanShape {
+  int64_t outer = 1;
+  int64_t len = 0;
+  int64_t inner = 1;
+  int64_t numel() const { return outer * len * inner; }
+};
+
+// y = scan(x) along the axis; reverse scans from the last element to the
+// first. cummax / cummin also write int64 indices (original coordinates).
+struct ScanForwardArgs {
+  ScanKind kind = ScanKind::kCumsum;
+  ScanDtype dtype = ScanDtype::kFloat32;
+  ScanShape shape;
+  bool reverse = false;
+  const void* x = nullptr;
+  void* y = nullptr;
+  int64_t* indices = nullptr;  // cummax / cummin only
+  void* workspace = nullptr;   // scan_workspace_bytes(shape) bytes (CUDA only)
+};
+
+// dx from dy for the forward scan described by kind / reverse. Saved tensors
+// each kind reads:
+//   cumsum        -
+//   cumprod       x, y       dx_i = E_i * R_i, E the exclusive prefix product
+//                            (y at the previous position), R the reverse
+//                            linear recurrence R_i = dy_i + x_{i+1} R_{i+1}
+//   logcumsumexp  x, y       dx_i = sum_{j>=i} dy_j exp(x_i - y_j), in logs
+//   cummax/min    indices    dx_i = sum of dy_j over the run idx_j == i
+struct ScanBackwardArgs {
+  ScanKind kind = ScanKind::kCumsum;
+  ScanDtype dtype = ScanDtype::kFloat32;
+  ScanShape shape;
+  bool reverse = false;  // of the forward scan
+  const void* dy = nullptr;
+  const void* x = nullptr;
+  const void* y = nullptr;
+  const int64_t* indices = nullptr;
+  void* dx = nullptr;
+  void* workspace = nullptr;
+};
+
+KernelStatus scan_forward_cuda(const ScanForwardArgs& args, void* stream);
+KernelStatus scan_backward_cuda(const ScanBackwardArgs& args, void* stream);
+
+// Host versions for float32 and float64 (the op layer upcasts half types).
+KernelStatus scan_forward_cpu(const ScanForwardArgs& args);
+KernelStatus scan_backward_cpu(const ScanBackwardArgs& args);
+
+}  // namespace baracuda

@@ -1,0 +1,237 @@
+// Op layer of the scan family: validation, the [outer, len, inner] view,
+// workspace, dispatch.
+//
+//   cumsum / cumprod / logcumsumexp(x, dim, reverse)   -> y
+//   cummax / cummin(x, dim, reverse)                  -> (values, indices)
+//   scan_backward(grad, x?, y?, indices?, dim, kind, reverse) -> dx
+//   scan_path(x, dim)                                  which CUDA path a scan takes
+//
+// Inputs are made contiguous (a copy only when they are not); outputs are
+// contiguous. Integer and bool inputs are rejected: cast to a float type.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <string>
+#include <tuple>
+
+#include "common/torch_glue.h"
+#include "scan/scan_kernels.h"
+#include "scan/scan_plan.h"
+
+namespace baracuda {
+namespace {
+
+const char* kind_name(ScanKind kind) {
+  switch (kind) {
+    case ScanKind::kCumsum: return "cumsum";
+    case ScanKind::kCumprod: return "cumprod";
+    case ScanKind::kLogcumsumexp: return "logcumsumexp";
+    case ScanKind::kCummax: return "cummax";
+    case ScanKind::kCummin: return "cummin";
+  }
+  return "?";
+}
+
+ScanKind parse_kind(const char* op, c10::string_view kind) {
+  for (ScanKind k : {ScanKind::kCumsum, ScanKind::kCumprod, ScanKind::kLogcumsumexp,
+                     ScanKind::kCummax, ScanKind::kCummin}) {
+    if (kind == kind_name(k)) return k;
+  }
+  TORCH_CHECK(false, "baracuda::", op, ": kind='", std::string(kind),
+              "' must be one of cumsum, cumprod, logcumsumexp, cummax, cummin");
+  return ScanKind::kCumsum;
+}
+
+ScanDtype dtype_of(const char* op, const char* name, const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kHalf: return ScanDtype::kFloat16;
+    case at::kBFloat16: return ScanDtype::kBFloat16;
+    case at::kFloat: return ScanDtype::kFloat32;
+    case at::kDouble: return ScanDtype::kFloat64;
+    default:
+      TORCH_CHECK(false, "baracuda::", op, ": ", name, ".dtype=", t.scalar_type(),
+                  " is not supported; use float16, bfloat16, float32 or float64 (cast "
+                  "integer and bool inputs to a float type first)");
+  }
+  return ScanDtype::kFloat32;
+}
+
+// The scan axis of `x` and the [outer, len, inner] view around it. A 0-d
+// tensor scans as one element along dim 0 / -1, as in torch.
+ScanShape scan_shape(const char* op, const at::Tensor& x, int64_t dim) {
+  TORCH_CHECK(x.layout() == at::kStrided, "baracuda::", op, ": x must be a strided tensor");
+  const int64_t rank = x.dim();
+  const int64_t span = rank == 0 ? 1 : rank;
+  TORCH_CHECK(dim >= -span && dim < span, "baracuda::", op, ": dim=", dim,
+              " out of range for a rank-", rank, " tensor");
+  ScanShape s;
+  if (rank == 0) {
+    s.len = 1;
+    return s;
+  }
+  const int64_t d = dim < 0 ? dim + rank : dim;
+  for (int64_t k = 0; k < d; ++k) s.outer *= x.size(k);
+  s.len = x.size(d);
+  for (int64_t k = d + 1; k < rank; ++k) s.inner *= x.size(k);
+  return s;
+}
+
+// Host kernels take float32 / float64: half types are computed in float32.
+bool needs_host_upcast(const at::Tensor& t) {
+  return t.is_cpu() && (t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16);
+}
+
+at::Tensor host_compute(const at::Tensor& t) {
+  return needs_host_upcast(t) ? t.to(at::kFloat).contiguous() : t.contiguous();
+}
+
+at::Tensor workspace_for(const ScanShape& s, const at::Tensor& like) {
+  const int64_t bytes = like.is_cpu() ? 0 : scan_workspace_bytes(s);
+  if (bytes == 0) return at::Tensor();
+  return at::empty({bytes}, like.options().dtype(at::kByte));
+}
+
+// The fields every launch shares.
+template <typename Args>
+Args launch_args(ScanKind kind, const char* op, const at::Tensor& data, const ScanShape& s,
+                 bool reverse, const at::Tensor& ws) {
+  Args a;
+  a.kind = kind;
+  a.dtype = dtype_of(op, "x", data);
+  a.shape = s;
+  a.reverse = reverse;
+  a.workspace = ws.defined() ? ws.data_ptr() : nullptr;
+  return a;
+}
+
+// ------------------------------------------------------------------ forward
+
+std::tuple<at::Tensor, at::Tensor> forward(ScanKind kind, const at::Tensor& x, int64_t dim,
+                                           bool reverse) {
+  const char* op = kind_name(kind);
+  const ScanShape s = scan_shape(op, x, dim);
+  dtype_of(op, "x", x);
+  const bool with_indices = kind == ScanKind::kCummax || kind == ScanKind::kCummin;
+  at::Tensor y = at::empty(x.sizes(), x.options());
+  at::Tensor idx = with_indices ? at::empty(x.sizes(), x.options().dtype(at::kLong)) : at::Tensor();
+  if (s.numel() == 0) return {y, idx};
+  const at::Tensor xc = host_compute(x);
+  const bool up = needs_host_upcast(x);
+  at::Tensor yc = up ? at::empty(x.sizes(), xc.options()) : y;
+  const at::Tensor ws = workspace_for(s, x);
+  ScanForwardArgs a = launch_args<ScanForwardArgs>(kind, op, xc, s, reverse, ws);
+  a.x = xc.const_data_ptr();
+  a.y = yc.data_ptr();
+  a.indices = with_indices ? idx.data_ptr<int64_t>() : nullptr;
+  run_on_device<ScanForwardArgs>(op, "scan", a, x, &scan_forward_cpu, BARACUDA_CUDA_ONLY(&scan_forward_cuda));
+  if (up) y.copy_(yc);
+  return {y, idx};
+}
+
+at::Tensor cumsum(const at::Tensor& x, int64_t dim, bool reverse) {
+  return std::get<0>(forward(ScanKind::kCumsum, x, dim, reverse));
+}
+at::Tensor cumprod(const at::Tensor& x, int64_t dim, bool reverse) {
+  return std::get<0>(forward(ScanKind::kCumprod, x, dim, reverse));
+}
+at::Tensor logcumsumexp(const at::Tensor& x, int64_t dim, bool reverse) {
+  return std::get<0>(forward(ScanKind::kLogcumsumexp, x, dim, reverse));
+}
+std::tuple<at::Tensor, at::Tensor> cummax(const at::Tensor& x, int64_t dim, bool reverse) {
+  return forward(ScanKind::kCummax, x, dim, reverse);
+}
+std::tuple<at::Tensor, at::Tensor> cummin(const at::Tensor& x, int64_t dim, bool reverse) {
+  return forward(ScanKind::kCummin, x, dim, reverse);
+}
+
+// ------------------------------------------------------------------ backward
+
+const at::Tensor& saved(const char* op, ScanKind kind, const char* name,
+                        const c10::optional<at::Tensor>& t, const at::Tensor& grad,
+                        bool same_dtype) {
+  TORCH_CHECK(t.has_value() && t->defined(), "baracuda::", op, ": kind='", kind_name(kind),
+              "' needs the saved forward tensor ", name);
+  TORCH_CHECK(t->sizes() == grad.sizes(), "baracuda::", op, ": ", name, ".shape=", t->sizes(),
+              " must equal grad.shape=", grad.sizes());
+  TORCH_CHECK(t->device() == grad.device(), "baracuda::", op, ": ", name, " is on ",
+              t->device(), " but grad is on ", grad.device());
+  if (same_dtype) {
+    TORCH_CHECK(t->scalar_type() == grad.scalar_type(), "baracuda::", op, ": ", name,
+                ".dtype=", t->scalar_type(), " must equal grad.dtype=", grad.scalar_type());
+  } else {
+    TORCH_CHECK(t->scalar_type() == at::kLong, "baracuda::", op, ": ", name,
+                ".dtype=", t->scalar_type(), " must be int64");
+  }
+  return *t;
+}
+
+at::Tensor scan_backward(const at::Tensor& grad, const c10::optional<at::Tensor>& x,
+                         const c10::optional<at::Tensor>& y,
+                         const c10::optional<at::Tensor>& indices, int64_t dim,
+                         c10::string_view kind_str, bool reverse) {
+  const char* op = "scan_backward";
+  const ScanKind kind = parse_kind(op, kind_str);
+  const ScanShape s = scan_shape(op, grad, dim);
+  dtype_of(op, "grad", grad);
+  const bool uses_xy = kind == ScanKind::kCumprod || kind == ScanKind::kLogcumsumexp;
+  const bool uses_idx = kind == ScanKind::kCummax || kind == ScanKind::kCummin;
+  at::Tensor xs, ys, is;
+  if (uses_xy) {
+    xs = saved(op, kind, "x", x, grad, true);
+    ys = saved(op, kind, "y", y, grad, true);
+  }
+  if (uses_idx) is = saved(op, kind, "indices", indices, grad, false).contiguous();
+  at::Tensor dx = at::empty(grad.sizes(), grad.options());
+  if (s.numel() == 0) return dx;
+  const bool up = needs_host_upcast(grad);
+  const at::Tensor gc = host_compute(grad);
+  if (uses_xy) {
+    xs = host_compute(xs);
+    ys = host_compute(ys);
+  }
+  at::Tensor dxc = up ? at::empty(grad.sizes(), gc.options()) : dx;
+  const at::Tensor ws = workspace_for(s, grad);
+  ScanBackwardArgs a = launch_args<ScanBackwardArgs>(kind, op, gc, s, reverse, ws);
+  a.dy = gc.const_data_ptr();
+  a.x = uses_xy ? xs.const_data_ptr() : nullptr;
+  a.y = uses_xy ? ys.const_data_ptr() : nullptr;
+  a.indices = uses_idx ? is.const_data_ptr<int64_t>() : nullptr;
+  a.dx = dxc.data_ptr();
+  run_on_device<ScanBackwardArgs>(op, "scan backward", a, grad, &scan_backward_cpu,
+                             BARACUDA_CUDA_ONLY(&scan_backward_cuda));
+  if (up) dx.copy_(dxc);
+  return dx;
+}
+
+std::string scan_path(const at::Tensor& x, int64_t dim) {
+  return scan_path_name(plan_scan(scan_shape("scan_path", x, dim)).path);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(baracuda, CPU, m) {
+  m.impl("cumsum", &cumsum);
+  m.impl("cumprod", &cumprod);
+  m.impl("logcumsumexp", &logcumsumexp);
+  m.impl("cummax", &cummax);
+  m.impl("cummin", &cummin);
+  m.impl("scan_backward", &scan_backward);
+}
+
+#ifdef BARACUDA_WITH_CUDA
+TORCH_LIBRARY_IMPL(baracuda, CUDA, m) {
+  m.impl("cumsum", &cumsum);
+  m.impl("cumprod", &cumprod);
+  m.impl("logcumsumexp", &logcumsumexp);
+  m.impl("cummax", &cummax);
+  m.impl("cummin", &cummin);
+  m.impl("scan_backward", &scan_backward);
+}
+#endif
+
+TORCH_LIBRARY_IMPL(baracuda, CompositeExplicitAutograd, m) {
+  m.impl("scan_path", &scan_path);
+}
+
+}  // namespace baracuda

@@ -1,0 +1,269 @@
+// The scan family as (load -> state, combine, state -> store) triples over one
+// engine. A state summarises a run of consecutive elements in scan order;
+// combine(a, b) joins a run `a` with the run `b` that follows it, and must be
+// associative (the engines regroup freely, in a fixed, timing-independent
+// order). load(off, l) turns the element at memory offset `off` (position `l`
+// on the axis) into a state; store(off, l, excl, incl) receives the states of
+// everything before the element (excl) and up to and including it (incl).
+//
+// Compiled for host and device: the CPU engine and the CUDA engine run the
+// very same functors. T is the storage type, Acc the accumulation type
+// (float for half types).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "common/unit_types.h"
+
+namespace baracuda {
+namespace scan {
+
+#define BHD BARACUDA_HOST_DEVICE
+
+BHD inline float log1p_of(float v) { return log1pf(v); }
+BHD inline double log1p_of(double v) { return log1p(v); }
+BHD inline float exp_of(float v) { return expf(v); }
+BHD inline double exp_of(double v) { return exp(v); }
+BHD inline float log_of(float v) { return logf(v); }
+BHD inline double log_of(double v) { return log(v); }
+template <typename Acc> BHD Acc neg_inf() { return -INFINITY; }
+template <typename Acc> BHD bool is_nan(Acc v) { return v != v; }
+
+// ---------------------------------------------------------------- combines
+
+template <typename Acc>
+struct SumCombine {
+  using State = Acc;
+  // -0 is the identity of addition (+0 would turn a lone -0 into +0).
+  BHD State identity() const { return -Acc(0); }
+  BHD State combine(State a, State b) const { return a + b; }
+};
+
+template <typename Acc>
+struct ProdCombine {
+  using State = Acc;
+  BHD State identity() const { return Acc(1); }
+  BHD State combine(State a, State b) const { return a * b; }
+};
+
+// log(exp(a) + exp(b)) without overflow; -inf is the identity, so an all
+// -inf prefix stays -inf (never NaN), and +inf absorbs everything but NaN.
+template <typename Acc>
+BHD Acc log_add_exp(Acc a, Acc b) {
+  if (is_nan(a) || is_nan(b)) return a + b;
+  const Acc hi = a > b ? a : b;
+  const Acc lo = a > b ? b : a;
+  if (lo == neg_inf<Acc>() || hi == -neg_inf<Acc>()) return hi;
+  return hi + log1p_of(exp_of(lo - hi));
+}
+
+template <typename Acc>
+struct LogAddExpCombine {
+  using State = Acc;
+  BHD State identity() const { return neg_inf<Acc>(); }
+  BHD State combine(State a, State b) const { return log_add_exp(a, b); }
+};
+
+// Running extreme with its index, exactly as torch's cummax / cummin: a NaN
+// always takes over (so the last NaN so far wins) and nothing but a NaN
+// replaces a NaN; otherwise a later element wins ties (>= / <=). That is a
+// selection by one total order, hence associative.
+// index < 0 marks the identity (no element yet).
+template <typename Acc>
+struct ValueIndex {
+  Acc value;
+  int64_t index;
+};
+
+template <typename Acc, bool kMax>
+struct ExtremeCombine {
+  using State = ValueIndex<Acc>;
+  BHD State identity() const { return {Acc(0), -1}; }
+  BHD State combine(State a, State b) const {
+    if (b.index < 0) return a;
+    if (a.index < 0) return b;
+    if (is_nan(b.value)) return b;
+    if (is_nan(a.value)) return a;
+    const bool later_wins = kMax ? b.value >= a.value : b.value <= a.value;
+    return later_wins ? b : a;
+  }
+};
+
+// Sum over the trailing run of equal keys. The keys of one scan are monotone
+// (cummax indices), so equal keys are contiguous and the sum of a run is all
+// of it that shares the last key. key < 0 marks the identity.
+template <typename Acc>
+struct KeyedSum {
+  int64_t key;
+  Acc sum;
+};
+
+template <typename Acc>
+struct KeyedSumCombine {
+  using State = KeyedSum<Acc>;
+  BHD State identity() const { return {-1, Acc(0)}; }
+  BHD State combine(State a, State b) const {
+    if (b.key < 0) return a;
+    if (a.key == b.key) return {b.key, a.sum + b.sum};
+    return b;
+  }
+};
+
+// The affine map q -> scale * q + shift; a run composes its maps in order
+// (earlier first). Applied to 0 it gives the recurrence's value.
+template <typename Acc>
+struct Affine {
+  Acc scale;
+  Acc shift;
+};
+
+template <typename Acc>
+struct AffineCombine {
+  using State = Affine<Acc>;
+  BHD State identity() const { return {Acc(1), Acc(0)}; }
+  BHD State combine(State a, State b) const {
+    return {b.scale * a.scale, b.scale * a.shift + b.shift};
+  }
+};
+
+// Two independent log-sum-exp streams (positive and negative parts of dy).
+template <typename Acc>
+struct LogPair {
+  Acc pos;
+  Acc neg;
+};
+
+template <typename Acc>
+struct LogPairCombine {
+  using State = LogPair<Acc>;
+  BHD State identity() const { return {neg_inf<Acc>(), neg_inf<Acc>()}; }
+  BHD State combine(State a, State b) const {
+    return {log_add_exp(a.pos, b.pos), log_add_exp(a.neg, b.neg)};
+  }
+};
+
+// ---------------------------------------------------------------- forward ops
+
+// cumsum / cumprod / logcumsumexp: y = inclusive scan of x.
+template <typename T, typename Acc, template <typename> class Combine>
+struct PlainForward : Combine<Acc> {
+  using State = typename Combine<Acc>::State;
+  const T* x;
+  T* y;
+  BHD State load(int64_t off, int64_t) const { return static_cast<Acc>(x[off]); }
+  BHD void store(int64_t off, int64_t, State, State incl) const { y[off] = static_cast<T>(incl); }
+};
+
+template <typename T, typename Acc, bool kMax>
+struct ExtremeForward : ExtremeCombine<Acc, kMax> {
+  using State = ValueIndex<Acc>;
+  const T* x;
+  T* y;
+  int64_t* indices;
+  BHD State load(int64_t off, int64_t l) const { return {static_cast<Acc>(x[off]), l}; }
+  BHD void store(int64_t off, int64_t, State, State incl) const {
+    y[off] = static_cast<T>(incl.value);
+    indices[off] = incl.index;
+  }
+};
+
+// ---------------------------------------------------------------- backward ops
+// Each runs in the opposite direction of its forward scan.
+
+// The gradient in and out, and the saved forward input and output.
+template <typename T>
+struct GradWithSaved {
+  const T* dy;
+  const T* x;
+  const T* y;
+  T* dx;
+};
+
+// cumsum: dx = reverse cumsum of dy.
+template <typename T, typename Acc>
+struct CumsumBackward : SumCombine<Acc> {
+  using State = Acc;
+  const T* dy;
+  T* dx;
+  BHD State load(int64_t off, int64_t) const { return static_cast<Acc>(dy[off]); }
+  BHD void store(int64_t off, int64_t, State, State incl) const { dx[off] = static_cast<T>(incl); }
+};
+
+// cumprod: with Q_i = x_i (dy_i + Q_{i+1}) (element-local affine maps),
+// R_i = dy_i + Q_{i+1} is dy_i plus the exclusive scan value, and
+// dx_i = E_i R_i with E_i the forward output at the previous position (1 at
+// the first). No division, so zeros in x are exact.
+template <typename T, typename Acc>
+struct CumprodBackward : AffineCombine<Acc>, GradWithSaved<T> {
+  using State = Affine<Acc>;
+  using GradWithSaved<T>::dy;
+  using GradWithSaved<T>::x;
+  using GradWithSaved<T>::y;
+  using GradWithSaved<T>::dx;
+  int64_t len;
+  int64_t inner;
+  bool forward_reverse;
+  BHD State load(int64_t off, int64_t) const {
+    const Acc xv = static_cast<Acc>(x[off]);
+    return {xv, xv * static_cast<Acc>(dy[off])};
+  }
+  BHD void store(int64_t off, int64_t l, State excl, State) const {
+    const Acc r = static_cast<Acc>(dy[off]) + excl.shift;
+    Acc e = Acc(1);
+    if (!forward_reverse && l > 0) e = static_cast<Acc>(y[off - inner]);
+    if (forward_reverse && l + 1 < len) e = static_cast<Acc>(y[off + inner]);
+    dx[off] = static_cast<T>(e * r);
+  }
+};
+
+// logcumsumexp: dx_i = exp(x_i + P_i) - exp(x_i + N_i) with P / N the
+// log-sum-exp of log|dy_j| - y_j over the later j with positive / negative
+// dy_j. Terms with y_j = -inf or dy_j = 0 drop out and x_i = -inf gives 0, so
+// all -inf prefixes and magnitudes like 1e4 give finite gradients.
+template <typename T, typename Acc>
+struct LogcumsumexpBackward : LogPairCombine<Acc>, GradWithSaved<T> {
+  using State = LogPair<Acc>;
+  using GradWithSaved<T>::dy;
+  using GradWithSaved<T>::x;
+  using GradWithSaved<T>::y;
+  using GradWithSaved<T>::dx;
+  BHD State load(int64_t off, int64_t) const {
+    const Acc g = static_cast<Acc>(dy[off]);
+    const Acc yv = static_cast<Acc>(y[off]);
+    State s = this->identity();
+    if (yv == neg_inf<Acc>() || g == Acc(0)) return s;
+    if (is_nan(g) || is_nan(yv)) return {g + yv, g + yv};
+    if (g > Acc(0)) s.pos = log_of(g) - yv;
+    else s.neg = log_of(-g) - yv;
+    return s;
+  }
+  BHD void store(int64_t off, int64_t, State, State incl) const {
+    const Acc xv = static_cast<Acc>(x[off]);
+    Acc out = Acc(0);
+    if (xv != neg_inf<Acc>()) out = exp_of(xv + incl.pos) - exp_of(xv + incl.neg);
+    dx[off] = static_cast<T>(out);
+  }
+};
+
+// cummax / cummin: the positions j with idx_j == i are a contiguous run that
+// starts at i (in forward order), so dx_i is the keyed sum ending at i when
+// idx_i == i and 0 otherwise. No scatter, no atomics.
+template <typename T, typename Acc>
+struct ExtremeBackward : KeyedSumCombine<Acc> {
+  using State = KeyedSum<Acc>;
+  const T* dy;
+  const int64_t* indices;
+  T* dx;
+  BHD State load(int64_t off, int64_t) const {
+    return {indices[off], static_cast<Acc>(dy[off])};
+  }
+  BHD void store(int64_t off, int64_t l, State, State incl) const {
+    dx[off] = static_cast<T>(indices[off] == l ? incl.sum : Acc(0));
+  }
+};
+
+#undef BHD
+
+}  // namespace scan
+}  // namespace baracuda

@@ -1,0 +1,145 @@
+// Which CUDA path a scan of a given [outer, len, inner] shape takes, and how
+// much workspace it needs. Host-only and framework-free: the op layer uses it
+// to size the workspace and to report the path; the launcher to launch.
+//
+//   rows       inner == 1: one block per row walks it in chunks of
+//              kRowChunk, carrying the prefix from chunk to chunk.
+//   long_rows  inner == 1, few long rows: one pass over tiles of kTileLen
+//              held in registers. Tiles take tickets in order, publish their
+//              totals, and each group of kGroupTiles tiles gets one total
+//              (published by the group's last tile); a tile's prefix is the
+//              in-order reduction of the earlier groups' totals and of the
+//              earlier tiles of its own group -- the same association
+//              whatever the timing, so bit-identical run to run, and a tile
+//              only ever waits for tiles with smaller tickets (no deadlock).
+//   column_tiles  inner > 1 with many columns (e.g. dim 0 of [4096, 8192]):
+//              a tile is kColumnTileRows positions of the axis for
+//              kColumnBlock consecutive columns (a thread per column,
+//              coalesced along inner, its rows in registers), one pass with
+//              the same tickets and tile / group totals as long_rows, per
+//              column.
+//   columns    the other inner > 1 shapes: one thread per (outer, inner)
+//              column walks the axis; long axes are cut into `segments`
+//              pieces: reduce each, scan the segment totals, rescan. Short
+//              rows (inner == 1, len <= kShortRow) take it too, a thread per
+//              row: a whole block per row of a few elements would idle.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "scan/scan_kernels.h"
+
+namespace baracuda {
+
+enum class ScanPath : int { kEmpty, kRows, kLongRows, kColumnTiles, kColumns };
+
+constexpr int kScanBlock = 256;         // threads of a row / tile block
+constexpr int kScanItems = 8;           // consecutive elements per thread
+constexpr int64_t kRowChunk = int64_t(kScanBlock) * kScanItems;
+constexpr int64_t kTileLen = kRowChunk;   // long_rows: one chunk per tile
+constexpr int64_t kGroupTiles = 32;
+constexpr int kColumnBlock = 128;       // threads of a column block
+constexpr int64_t kWorkspaceSlotBytes = 16;  // every scan state fits in 16 bytes
+// Enough independent columns (or tiles) to keep every SM of a large GPU busy.
+constexpr int64_t kTargetThreads = int64_t(1) << 18;
+constexpr int64_t kMinSegmentLen = 32;
+constexpr int64_t kMaxGridY = 65535;
+constexpr int64_t kShortRow = 32;
+
+constexpr int kColumnTileRows = 16;
+// column_tiles needs enough columns to fill its blocks, and few enough groups
+// that a tile's in-order prefix stays short.
+constexpr int64_t kMinTileColumns = 1024;
+constexpr int64_t kMaxColumnGroups = 64;
+// Its per-column tile totals cost a slot per kColumnTileRows elements; past
+// this much workspace the three-pass columns path (a few slots per column)
+// is used instead.
+constexpr int64_t kMaxColumnTileWorkspace = int64_t(64) << 20;
+
+// Workspace of the ticketed paths, in this order: the ticket counter (16
+// bytes), the ready flags of tiles and of groups (uint32, zeroed before every
+// launch), then the state slots of tiles and of groups. long_rows has a flag
+// and a slot per tile; column_tiles a flag per tile and a slot per column.
+struct TileWorkspace {
+  int64_t tile_flags = 0;
+  int64_t group_flags = 0;
+  int64_t tile_slots = 0;
+  int64_t group_slots = 0;
+  int64_t zeroed_bytes() const { return 16 + ((tile_flags + group_flags) * 4 + 15) / 16 * 16; }
+  int64_t bytes() const { return zeroed_bytes() + (tile_slots + group_slots) * kWorkspaceSlotBytes; }
+};
+
+struct ScanPlan {
+  ScanPath path = ScanPath::kEmpty;
+  int64_t tiles = 1;     // long_rows: tiles per row; column_tiles: along the axis
+  int64_t groups = 1;    // groups of kGroupTiles tiles (per row / along the axis)
+  int64_t column_blocks = 1;  // column_tiles: blocks of kColumnBlock columns
+  int64_t segments = 1;  // columns: pieces of the axis
+  int64_t workspace_bytes = 0;
+  TileWorkspace tile_ws;
+};
+
+inline ScanPlan plan_scan(const ScanShape& s) {
+  ScanPlan p;
+  if (s.numel() == 0) return p;
+  if (s.inner == 1 && s.len > kShortRow) {
+    const int64_t tiles = (s.len + kTileLen - 1) / kTileLen;
+    // A few long rows would leave most SMs idle with one block per row.
+    if (tiles >= 2 && s.outer * 4 < kTargetThreads / kScanBlock) {
+      p.path = ScanPath::kLongRows;
+      p.tiles = tiles;
+      p.groups = (tiles + kGroupTiles - 1) / kGroupTiles;
+      p.tile_ws.tile_flags = p.tile_ws.tile_slots = s.outer * tiles;
+      p.tile_ws.group_flags = p.tile_ws.group_slots = s.outer * p.groups;
+      p.workspace_bytes = p.tile_ws.bytes();
+    } else {
+      p.path = ScanPath::kRows;
+    }
+    return p;
+  }
+  const int64_t columns = s.outer * s.inner;
+  const int64_t tiles = (s.len + kColumnTileRows - 1) / kColumnTileRows;
+  const int64_t groups = (tiles + kGroupTiles - 1) / kGroupTiles;
+  if (s.inner > 1 && columns >= kMinTileColumns && tiles >= 2 && groups <= kMaxColumnGroups) {
+    const int64_t blocks = (columns + kColumnBlock - 1) / kColumnBlock;
+    TileWorkspace w;
+    w.tile_flags = tiles * blocks;
+    w.group_flags = groups * blocks;
+    w.tile_slots = tiles * columns;
+    w.group_slots = groups * columns;
+    if (w.bytes() <= kMaxColumnTileWorkspace) {
+      p.path = ScanPath::kColumnTiles;
+      p.tiles = tiles;
+      p.groups = groups;
+      p.column_blocks = blocks;
+      p.tile_ws = w;
+      p.workspace_bytes = w.bytes();
+      return p;
+    }
+  }
+  p.path = ScanPath::kColumns;
+  int64_t segments = (kTargetThreads + columns - 1) / columns;
+  segments = std::min(segments, (s.len + kMinSegmentLen - 1) / kMinSegmentLen);
+  segments = std::max<int64_t>(1, std::min(segments, kMaxGridY));
+  p.segments = segments;
+  p.workspace_bytes = segments > 1 ? segments * columns * kWorkspaceSlotBytes : 0;
+  return p;
+}
+
+inline int64_t scan_workspace_bytes(const ScanShape& s) {
+  return plan_scan(s).workspace_bytes;
+}
+
+inline const char* scan_path_name(ScanPath path) {
+  switch (path) {
+    case ScanPath::kEmpty: return "empty";
+    case ScanPath::kRows: return "rows";
+    case ScanPath::kLongRows: return "long_rows";
+    case ScanPath::kColumnTiles: return "column_tiles";
+    case ScanPath::kColumns: return "columns";
+  }
+  return "?";
+}
+
+}  // namespace baracuda

@@ -1,0 +1,455 @@
+"""Scans: cumsum, cumprod, logcumsumexp, cummax, cummin (+ scan_backward).
+
+References are torch's own ops in float64 on the same values (upcasting is
+exact, so cummax / cummin indices must match torch's bit for bit, ties and
+NaN included); reverse=True is checked against flip / scan / flip. Shapes are
+chosen so that, on CUDA, every path of the engine runs (see test_paths).
+"""
+
+import math
+
+import pytest
+import torch
+from torch.testing._internal.optests import opcheck
+
+import baracuda_torch as bt
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+PLAIN = ["cumsum", "cumprod", "logcumsumexp"]
+EXTREME = ["cummax", "cummin"]
+ALL_OPS = PLAIN + EXTREME
+NAN, INF = float("nan"), float("inf")
+
+# Shapes / dims that reach each CUDA path (scan_plan.h).
+PATH_CASES = [
+    ((3, 700), -1, "rows"),
+    ((2, 300000), -1, "long_rows"),  # several tile groups per row
+    ((256, 2100), 1, "rows"),        # two chunks per row
+    ((1, 50000), -1, "long_rows"),
+    ((300, 7), 0, "columns"),       # several segments per column
+    ((3, 20000, 1), 1, "long_rows"),
+    ((3, 40), 0, "columns"),        # one segment
+    ((2, 33, 5, 3), 1, "columns"),
+    ((500, 9), -1, "columns"),      # short rows: a thread per row
+    ((300, 1100), 0, "column_tiles"),
+    ((1100, 1024), 0, "column_tiles"),  # several tile groups per column
+    ((40, 3, 512), 0, "column_tiles"),
+]
+# The first case of every path (the backward tests run these).
+ONE_PER_PATH = [c for k, c in enumerate(PATH_CASES) if c[2] not in {d[2] for d in PATH_CASES[:k]}]
+
+
+def ours(name, x, dim, reverse=False):
+    out = getattr(bt, name)(x, dim, reverse=reverse)
+    return tuple(out) if name in EXTREME else out
+
+
+def reference(name, x, dim, reverse=False):
+    """torch's CPU op in float64, flipped around for reverse; indices mapped
+    back to the original coordinates."""
+    x64 = x.double().cpu()
+    if x.dim() == 0:
+        x64 = x64.reshape(1)
+    d = dim if x.dim() else 0
+    src = x64.flip(d) if reverse else x64
+    out = getattr(torch, name)(src, d)
+    if name in EXTREME:
+        v, i = out
+        if reverse:
+            v, i = v.flip(d), (x64.shape[d] - 1 - i).flip(d)
+        if x.dim() == 0:
+            v, i = v.reshape(()), i.reshape(())
+        return v, i
+    out = out.flip(d) if reverse else out
+    return out.reshape(()) if x.dim() == 0 else out
+
+
+def tol(dtype, length):
+    grow = math.sqrt(max(length, 1))
+    return {torch.float16: dict(atol=2e-3 * grow, rtol=2e-3),
+            torch.bfloat16: dict(atol=1.6e-2 * grow, rtol=1.6e-2),
+            torch.float32: dict(atol=2e-6 * grow, rtol=2e-5),
+            torch.float64: dict(atol=1e-12 * grow, rtol=1e-12)}[dtype]
+
+
+def random_input(shape, dtype, device, g, name="cumsum"):
+    """Random values with zeros and ties; cumprod gets factors near 1 so long
+    products neither overflow nor vanish."""
+    x = torch.randn(shape, generator=g, dtype=torch.float64)
+    if name == "cumprod":
+        x = 1 + 0.05 * x
+    x = torch.where(torch.rand(shape, generator=g) < 0.05, torch.zeros(()), x)
+    ties = torch.rand(shape, generator=g) < 0.3
+    x = torch.where(ties, torch.round(x * 2) / 2, x)
+    return x.to(dtype).to(device)
+
+
+def check(name, x, dim, reverse, dtype=None):
+    dtype = dtype or x.dtype
+    got = ours(name, x, dim, reverse)
+    ref = reference(name, x, dim, reverse)
+    length = x.shape[dim] if x.dim() else 1
+    if name in EXTREME:
+        assert got[0].dtype == x.dtype and got[1].dtype == torch.int64
+        torch.testing.assert_close(got[0].double().cpu(), ref[0].cpu(), atol=0, rtol=0, equal_nan=True)
+        assert torch.equal(got[1].cpu(), ref[1].cpu())
+    else:
+        assert got.dtype == x.dtype and got.shape == x.shape
+        # Half outputs are rounded once; compare against the rounded reference.
+        torch.testing.assert_close(got.double().cpu(), ref.to(dtype).double().cpu(),
+                                   **tol(dtype, length), equal_nan=True)
+
+
+# ---------------------------------------------------------------- forward
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", ALL_OPS)
+def test_forward_every_dtype_dim_and_direction(device, dtype, name, rng):
+    x = random_input((4, 37, 6), dtype, device, rng, name)
+    for dim in (0, 1, 2, -1, -3):
+        for reverse in (False, True):
+            check(name, x, dim, reverse)
+
+
+@pytest.mark.parametrize("name", ALL_OPS)
+@pytest.mark.parametrize("shape,dim,path", PATH_CASES, ids=lambda v: str(v))
+def test_every_cuda_path(device, name, shape, dim, path, rng):
+    assert bt.scan_path(torch.empty(shape, device="meta"), dim) == path
+    x = random_input(shape, torch.float32, device, rng, name)
+    for reverse in (False, True):
+        check(name, x, dim, reverse)
+
+
+def test_paths():
+    meta = lambda *s: torch.empty(s, device="meta")  # noqa: E731
+    assert bt.scan_path(meta(0, 5), 1) == "empty"
+    assert bt.scan_path(meta(4096, 8192), -1) == "rows"
+    assert bt.scan_path(meta(4096, 8192), 0) == "column_tiles"
+    assert bt.scan_path(meta(40000, 3), 0) == "columns"
+    assert bt.scan_path(meta(40000, 2048), 0) == "columns"  # too many tile groups
+    assert bt.scan_path(meta(16384, 8192), 0) == "columns"  # too much workspace
+    assert bt.scan_path(meta(1, 1 << 24), -1) == "long_rows"
+
+
+@pytest.mark.parametrize("name", ALL_OPS)
+def test_special_values(device, name):
+    # inf, -inf, NaN (first NaN sticks for cummax/cummin), ties, signed zeros.
+    rows = [
+        [1.0, NAN, 3.0, NAN, -1.0],
+        [INF, 2.0, -INF, 2.0, 2.0],
+        [-INF, -INF, 0.0, -0.0, 0.0],
+        [0.0, 5.0, 0.0, 5.0, -0.0],
+        [-INF, -INF, -INF, -INF, 1.0],
+        [2.0, 2.0, 2.0, NAN, 2.0],
+    ]
+    for dtype in DTYPES:
+        x = torch.tensor(rows, dtype=dtype, device=device)
+        for reverse in (False, True):
+            check(name, x, 1, reverse)
+            check(name, x.t(), 0, reverse)
+
+
+@pytest.mark.parametrize("name", ALL_OPS)
+def test_strided_transposed_and_expanded(device, name, rng):
+    base = random_input((6, 10, 8), torch.float32, device, rng, name)
+    views = [base.transpose(0, 2), base[:, ::3, 1::2], base[..., :1].expand(6, 10, 5),
+             base.permute(1, 2, 0)[2:, :, ::2]]
+    for v in views:
+        for dim in range(v.dim()):
+            check(name, v, dim, reverse=dim % 2 == 1)
+
+
+@pytest.mark.parametrize("name", ALL_OPS)
+def test_empty_length_one_scalar_and_rank_8(device, name, rng):
+    for shape, dim in [((0,), 0), ((3, 0, 2), 1), ((3, 0, 2), 0), ((5, 1, 3), 1), ((1,), 0),
+                       ((2, 1, 2, 1, 3, 1, 2, 2), 4), ((2, 1, 2, 1, 3, 1, 2, 2), -8)]:
+        x = random_input(shape, torch.float64, device, rng, name)
+        dy = torch.randn(shape, generator=rng, dtype=torch.float64).to(device)
+        for reverse in (False, True):
+            check(name, x, dim, reverse)
+            torch.testing.assert_close(our_grad(name, x, dim, reverse, dy).cpu(),
+                                       reference_grad(name, x, dim, reverse, dy))
+    s = torch.tensor(1.5, dtype=torch.float64, device=device)
+    for dim in (0, -1):
+        check(name, s, dim, False)
+        assert our_grad(name, s, dim, False, torch.tensor(2.0, dtype=torch.float64, device=device)).item() == 2.0
+
+
+@pytest.mark.parametrize("name", ALL_OPS)
+def test_results_are_contiguous_and_bit_reproducible(device, name, rng):
+    # Bit for bit, run to run, on every path (the ticketed ones included),
+    # forward and backward.
+    for shape, dim, _ in ONE_PER_PATH:
+        x = random_input(shape, torch.float32, device, rng, name)
+        dy = torch.randn(shape, generator=rng).to(device)
+        runs = []
+        for _ in range(2):
+            out = ours(name, x, dim)
+            out = out if isinstance(out, tuple) else (out,)
+            runs.append(out + (our_grad(name, x, dim, False, dy),))
+        for u, w in zip(*runs):
+            assert u.is_contiguous()
+            assert torch.equal(u.view(torch.int32) if u.dtype == torch.float32 else u,
+                               w.view(torch.int32) if w.dtype == torch.float32 else w)
+
+
+def test_named_results(device):
+    x = torch.tensor([1.0, 3.0, 2.0], device=device)
+    r = bt.cummax(x, 0)
+    assert isinstance(r, torch.return_types.cummax)
+    assert r.indices.tolist() == [0, 1, 1] and r.values.tolist() == [1.0, 3.0, 3.0]
+    r = bt.cummin(x, 0, reverse=True)
+    assert isinstance(r, torch.return_types.cummin)
+    assert r.indices.tolist() == [0, 2, 2]
+
+
+# ---------------------------------------------------------------- backward
+
+
+def reference_grad(name, x, dim, reverse, dy):
+    """Gradient through torch's op in float64 (the forward reference)."""
+    x64 = x.detach().double().cpu().requires_grad_()
+    out = reference(name, x64, dim, reverse)
+    out = out[0] if name in EXTREME else out
+    (g,) = torch.autograd.grad(out, x64, dy.double().cpu())
+    return g
+
+
+def our_grad(name, x, dim, reverse, dy):
+    x = x.detach().requires_grad_()
+    out = ours(name, x, dim, reverse)
+    out = out[0] if name in EXTREME else out
+    (g,) = torch.autograd.grad(out, x, dy)
+    return g
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", ALL_OPS)
+def test_backward_every_dtype(device, dtype, name, rng):
+    for shape, dim in [((4, 37, 6), 1), ((4, 37, 6), -1), ((4, 37, 6), 0)] + \
+            [(s, d) for s, d, _ in ONE_PER_PATH]:
+        x = random_input(shape, dtype, device, rng, name)
+        if name == "logcumsumexp":  # no ties: torch's reference itself is smooth there
+            x = torch.randn(shape, generator=rng).to(dtype).to(device)
+        dy = torch.randn(shape, generator=rng).to(dtype).to(device)
+        for reverse in (False, True):
+            got = our_grad(name, x, dim, reverse, dy)
+            ref = reference_grad(name, x, dim, reverse, dy)
+            assert got.dtype == dtype
+            t = tol(dtype, shape[dim])
+            if name == "cumprod" and dtype in (torch.float16, torch.bfloat16):
+                t = dict(atol=t["atol"] * 4, rtol=t["rtol"] * 4)  # the saved y is rounded
+            torch.testing.assert_close(got.double().cpu(), ref.cpu(), **t)
+
+
+def naive_cumprod_grad(x, dy):
+    """dx_i = sum_{j>=i} dy_j prod_{k<=j, k!=i} x_k, 1-D, float64, no division."""
+    n = x.numel()
+    dx = torch.zeros(n, dtype=torch.float64)
+    for i in range(n):
+        for j in range(i, n):
+            p = dy[j].item()
+            for k in range(j + 1):
+                if k != i:
+                    p *= x[k].item()
+            dx[i] += p
+    return dx
+
+
+@pytest.mark.parametrize("zeros", [[3], [2, 5], [0, 1, 7], [7]])
+def test_cumprod_backward_exact_with_zeros(device, zeros):
+    g = torch.Generator().manual_seed(len(zeros))
+    x = torch.randn(8, generator=g, dtype=torch.float64)
+    x[zeros] = 0.0
+    dy = torch.randn(8, generator=g, dtype=torch.float64)
+    want = naive_cumprod_grad(x, dy)
+    got = our_grad("cumprod", x.to(device), 0, False, dy.to(device)).cpu()
+    torch.testing.assert_close(got, want, atol=1e-14, rtol=1e-13)
+    got_rev = our_grad("cumprod", x.flip(0).to(device), 0, True, dy.flip(0).to(device)).cpu()
+    torch.testing.assert_close(got_rev.flip(0), want, atol=1e-14, rtol=1e-13)
+    # Past the first zero every term holds that zero: exactly 0, not NaN.
+    assert (got[zeros[0] + 1:] == 0).all()
+    assert torch.isfinite(got).all()
+
+
+def test_logcumsumexp_neg_inf_prefix_and_large_magnitudes(device):
+    x = torch.tensor([[-INF, -INF, 0.5, -INF, 2.0], [1e4, -1e4, 1e4, 3.0, -1e4]],
+                     dtype=torch.float64, device=device)
+    for dtype in (torch.float32, torch.float64):
+        xi = x.to(dtype).requires_grad_()
+        y = bt.logcumsumexp(xi, 1)
+        assert torch.isneginf(y[0, :2]).all() and torch.isfinite(y[0, 2:]).all()
+        assert torch.isfinite(y[1]).all()
+        torch.testing.assert_close(y.double(), torch.logcumsumexp(x, 1).to(dtype).double())
+        dy = torch.tensor([[1.0, -2.0, 0.5, 1.5, -1.0], [0.3, -0.7, 1.1, 2.0, -0.4]],
+                          dtype=dtype, device=device)
+        (g,) = torch.autograd.grad(y, xi, dy)
+        assert torch.isfinite(g).all()
+        assert (g[0, :2] == 0).all() and g[0, 3] == 0
+        # float64 reference of sum_{j>=i} dy_j exp(x_i - y_j) over finite terms.
+        y64 = torch.logcumsumexp(x, 1)
+        for r in range(2):
+            for i in range(5):
+                if math.isinf(x[r, i].item()):
+                    continue
+                want = sum(dy[r, j].item() * math.exp(x[r, i].item() - y64[r, j].item())
+                           for j in range(i, 5))
+                # y is stored in dtype: at 1e4 float32 rounds it by ~5e-4.
+                rel = 1e-3 if dtype == torch.float32 else 1e-10
+                assert abs(g[r, i].item() - want) <= rel * max(1.0, abs(want))
+    # All -inf: -inf forward, zero gradient.
+    z = torch.full((3, 4), -INF, device=device, requires_grad=True)
+    y = bt.logcumsumexp(z, 1, reverse=True)
+    assert torch.isneginf(y).all()
+    (g,) = torch.autograd.grad(y.sum(), z)
+    assert (g == 0).all()
+
+
+@pytest.mark.parametrize("name", EXTREME)
+def test_extreme_backward_goes_to_forward_index(device, name, rng):
+    x = torch.tensor([[1.0, 3.0, 3.0, NAN, 5.0, NAN], [2.0, 2.0, 2.0, 1.0, 4.0, 4.0]],
+                     dtype=torch.float32, device=device)
+    dy = torch.arange(1.0, 13.0, device=device).reshape(2, 6)
+    for reverse in (False, True):
+        _, idx = ours(name, x, 1, reverse)
+        want = torch.zeros(2, 6, device=device).scatter_add(1, idx, dy)
+        assert torch.equal(our_grad(name, x, 1, reverse, dy), want)
+        assert torch.equal(reference(name, x, 1, reverse)[1].to(device), idx)
+
+
+@pytest.mark.parametrize("name", ALL_OPS)
+@pytest.mark.parametrize("reverse", [False, True])
+def test_gradcheck_and_gradgradcheck(device, name, reverse, rng):
+    for shape, dim in [((6,), 0), ((3, 5, 2), 1), ((4, 3), 0), ((), 0)]:
+        x = torch.randn(shape, generator=rng, dtype=torch.float64).to(device).requires_grad_()
+        if name == "cumprod" and x.dim():
+            x = (x.detach() + torch.sign(x.detach()) * 0.5).requires_grad_()
+
+        def fn(t):
+            out = ours(name, t, dim, reverse)
+            return out[0] if name in EXTREME else out
+
+        assert torch.autograd.gradcheck(fn, (x,))
+        assert torch.autograd.gradgradcheck(fn, (x,))
+
+
+def test_cumprod_double_backward_with_zeros(device):
+    x = torch.tensor([[1.5, 0.0, -2.0, 0.7], [0.0, 0.0, 1.2, -0.8]], dtype=torch.float64,
+                     device=device, requires_grad=True)
+    for reverse in (False, True):
+        assert torch.autograd.gradgradcheck(lambda t: bt.cumprod(t, 1, reverse=reverse), (x,))
+
+
+def test_deterministic_mode_runs_every_backward(device, rng):
+    prev = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        for name in ALL_OPS:
+            for shape, dim, _ in ONE_PER_PATH:
+                x = random_input(shape, torch.float32, device, rng, name).requires_grad_()
+                dy = torch.randn(shape, generator=rng).to(device)
+                a = our_grad(name, x, dim, False, dy)
+                b = our_grad(name, x, dim, False, dy)
+                assert torch.equal(a, b)
+    finally:
+        torch.use_deterministic_algorithms(prev)
+
+
+# ---------------------------------------------------------------- opcheck / compile
+
+
+def test_opcheck(device, rng):
+    ops = torch.ops.baracuda
+    x = torch.randn(3, 7, 2, generator=rng).to(device)
+    dy = torch.randn(3, 7, 2, generator=rng).to(device)
+    for name in ALL_OPS:
+        for dim, reverse in ((1, False), (-1, True), (0, False)):
+            opcheck(getattr(ops, name).default, (x.clone().requires_grad_(), dim, reverse))
+    y = bt.cumprod(x, 1)
+    _, idx = bt.cummax(x, 1)
+    for kind in PLAIN:
+        opcheck(ops.scan_backward.default, (dy, x, bt.cumprod(x, 1) if kind == "cumprod"
+                                            else bt.logcumsumexp(x, 1), None, 1, kind, False))
+    opcheck(ops.scan_backward.default, (dy, None, None, idx, 1, "cummax", False))
+    opcheck(ops.scan_backward.default, (dy.double(), x.double(), y.double(), None, 1, "cumprod", True))
+
+
+def test_compile_fullgraph_dynamic_no_recompile(device, rng):
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+
+    def f(x):
+        out = bt.cumsum(x, -1) + bt.cumprod(x, 0, reverse=True) + bt.logcumsumexp(x, 1)
+        out = out + bt.cummax(x, -1).values + bt.cummin(x, 0, reverse=True)[0]
+        return out.sum()
+
+    compiled = torch.compile(f, backend=counter, fullgraph=True, dynamic=True)
+    for rows in (5, 9):
+        x = torch.randn(rows, 6, generator=rng).to(device).requires_grad_()
+        out = compiled(x)
+        torch.testing.assert_close(out, f(x))
+        (g,) = torch.autograd.grad(out, x)
+        (g_eager,) = torch.autograd.grad(f(x), x)
+        torch.testing.assert_close(g, g_eager)
+    assert counter.frame_count == 1
+
+
+# ---------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize("name", ALL_OPS)
+def test_errors_name_op_and_value(device, name):
+    op = getattr(torch.ops.baracuda, name)
+    for dtype in (torch.int64, torch.int32, torch.bool):
+        with pytest.raises(RuntimeError, match=rf"baracuda::{name}: x.dtype=\w+ is not supported"):
+            op(torch.ones(3, dtype=dtype, device=device), 0)
+    with pytest.raises(RuntimeError, match=rf"baracuda::{name}: dim=5 out of range for a rank-2"):
+        op(torch.ones(2, 3, device=device), 5)
+    with pytest.raises(RuntimeError, match=rf"baracuda::{name}: dim=-3 out of range"):
+        op(torch.ones(2, 3, device=device), -3)
+    with pytest.raises(RuntimeError, match="out of range for a rank-0"):
+        op(torch.tensor(1.0, device=device), 1)
+
+
+def test_scan_backward_errors(device):
+    ops = torch.ops.baracuda
+    g = torch.ones(2, 3, device=device)
+    with pytest.raises(RuntimeError, match="kind='cumfoo' must be one of"):
+        ops.scan_backward(g, None, None, None, 1, "cumfoo", False)
+    with pytest.raises(RuntimeError, match="kind='cumprod' needs the saved forward tensor x"):
+        ops.scan_backward(g, None, g, None, 1, "cumprod", False)
+    with pytest.raises(RuntimeError, match=r"y.shape=\[2, 2\] must equal grad.shape=\[2, 3\]"):
+        ops.scan_backward(g, g, torch.ones(2, 2, device=device), None, 1, "logcumsumexp", False)
+    with pytest.raises(RuntimeError, match="indices.dtype=Float must be int64"):
+        ops.scan_backward(g, None, None, g, 1, "cummax", False)
+    with pytest.raises(RuntimeError, match="x.dtype=Double must equal grad.dtype=Float"):
+        ops.scan_backward(g, g.double(), g, None, 1, "cumprod", False)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", ALL_OPS)
+def test_tens_of_millions_on_cuda(name):
+    n = (1 << 24) + 12345
+    g = torch.Generator(device="cuda").manual_seed(7)
+    x = torch.randn(1, n, generator=g, device="cuda")
+    if name == "cumprod":
+        x = 1 + 1e-4 * x
+    assert bt.scan_path(x, 1) == "long_rows"
+    for reverse in (False, True):
+        got = ours(name, x, 1, reverse)
+        ref = reference(name, x, 1, reverse)
+        if name in EXTREME:
+            assert torch.equal(got[0].double(), ref[0]) and torch.equal(got[1], ref[1])
+        else:
+            scale = ref.abs().max().item()
+            torch.testing.assert_close(got.double(), ref, atol=1e-5 * max(scale, 1.0), rtol=1e-4)
+        dy = torch.randn(1, n, generator=g, device="cuda")
+        got_g = our_grad(name, x, 1, reverse, dy)
+        assert torch.isfinite(got_g).all()
+        if name in ("cumsum",) + tuple(EXTREME):
+            ref_g = reference_grad(name, x, 1, reverse, dy)
+            torch.testing.assert_close(got_g.double(), ref_g, atol=1e-5 * max(ref_g.abs().max().item(), 1.0),
+                                       rtol=1e-4)
