@@ -16,10 +16,31 @@
 
 #include "common/unit_types.h"
 
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#endif
+
 namespace baracuda {
 namespace scan {
 
 #define BHD BARACUDA_HOST_DEVICE
+
+// Storage <-> accumulation conversions. Functions, not casts: torch builds
+// CUDA code with __CUDA_NO_HALF_CONVERSIONS__ / __CUDA_NO_BFLOAT16_CONVERSIONS__,
+// which removes the implicit conversions of the device half types.
+template <typename Acc, typename T> BHD Acc to_acc(T v) { return static_cast<Acc>(v); }
+template <typename T, typename Acc> BHD T from_acc(Acc v) { return static_cast<T>(v); }
+#if defined(__CUDACC__)
+template <> __device__ inline float to_acc<float, __half>(__half v) { return __half2float(v); }
+template <> __device__ inline float to_acc<float, __nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+template <> __device__ inline __half from_acc<__half, float>(float v) { return __float2half_rn(v); }
+template <> __device__ inline __nv_bfloat16 from_acc<__nv_bfloat16, float>(float v) {
+  return __float2bfloat16_rn(v);
+}
+#endif
 
 BHD inline float log1p_of(float v) { return log1pf(v); }
 BHD inline double log1p_of(double v) { return log1p(v); }
@@ -151,8 +172,8 @@ struct PlainForward : Combine<Acc> {
   using State = typename Combine<Acc>::State;
   const T* x;
   T* y;
-  BHD State load(int64_t off, int64_t) const { return static_cast<Acc>(x[off]); }
-  BHD void store(int64_t off, int64_t, State, State incl) const { y[off] = static_cast<T>(incl); }
+  BHD State load(int64_t off, int64_t) const { return to_acc<Acc>(x[off]); }
+  BHD void store(int64_t off, int64_t, State, State incl) const { y[off] = from_acc<T>(incl); }
 };
 
 template <typename T, typename Acc, bool kMax>
@@ -161,9 +182,9 @@ struct ExtremeForward : ExtremeCombine<Acc, kMax> {
   const T* x;
   T* y;
   int64_t* indices;
-  BHD State load(int64_t off, int64_t l) const { return {static_cast<Acc>(x[off]), l}; }
+  BHD State load(int64_t off, int64_t l) const { return {to_acc<Acc>(x[off]), l}; }
   BHD void store(int64_t off, int64_t, State, State incl) const {
-    y[off] = static_cast<T>(incl.value);
+    y[off] = from_acc<T>(incl.value);
     indices[off] = incl.index;
   }
 };
@@ -186,8 +207,8 @@ struct CumsumBackward : SumCombine<Acc> {
   using State = Acc;
   const T* dy;
   T* dx;
-  BHD State load(int64_t off, int64_t) const { return static_cast<Acc>(dy[off]); }
-  BHD void store(int64_t off, int64_t, State, State incl) const { dx[off] = static_cast<T>(incl); }
+  BHD State load(int64_t off, int64_t) const { return to_acc<Acc>(dy[off]); }
+  BHD void store(int64_t off, int64_t, State, State incl) const { dx[off] = from_acc<T>(incl); }
 };
 
 // cumprod: with Q_i = x_i (dy_i + Q_{i+1}) (element-local affine maps),
@@ -205,15 +226,15 @@ struct CumprodBackward : AffineCombine<Acc>, GradWithSaved<T> {
   int64_t inner;
   bool forward_reverse;
   BHD State load(int64_t off, int64_t) const {
-    const Acc xv = static_cast<Acc>(x[off]);
-    return {xv, xv * static_cast<Acc>(dy[off])};
+    const Acc xv = to_acc<Acc>(x[off]);
+    return {xv, xv * to_acc<Acc>(dy[off])};
   }
   BHD void store(int64_t off, int64_t l, State excl, State) const {
-    const Acc r = static_cast<Acc>(dy[off]) + excl.shift;
+    const Acc r = to_acc<Acc>(dy[off]) + excl.shift;
     Acc e = Acc(1);
-    if (!forward_reverse && l > 0) e = static_cast<Acc>(y[off - inner]);
-    if (forward_reverse && l + 1 < len) e = static_cast<Acc>(y[off + inner]);
-    dx[off] = static_cast<T>(e * r);
+    if (!forward_reverse && l > 0) e = to_acc<Acc>(y[off - inner]);
+    if (forward_reverse && l + 1 < len) e = to_acc<Acc>(y[off + inner]);
+    dx[off] = from_acc<T>(e * r);
   }
 };
 
@@ -229,8 +250,8 @@ struct LogcumsumexpBackward : LogPairCombine<Acc>, GradWithSaved<T> {
   using GradWithSaved<T>::y;
   using GradWithSaved<T>::dx;
   BHD State load(int64_t off, int64_t) const {
-    const Acc g = static_cast<Acc>(dy[off]);
-    const Acc yv = static_cast<Acc>(y[off]);
+    const Acc g = to_acc<Acc>(dy[off]);
+    const Acc yv = to_acc<Acc>(y[off]);
     State s = this->identity();
     if (yv == neg_inf<Acc>() || g == Acc(0)) return s;
     if (is_nan(g) || is_nan(yv)) return {g + yv, g + yv};
@@ -239,10 +260,10 @@ struct LogcumsumexpBackward : LogPairCombine<Acc>, GradWithSaved<T> {
     return s;
   }
   BHD void store(int64_t off, int64_t, State, State incl) const {
-    const Acc xv = static_cast<Acc>(x[off]);
+    const Acc xv = to_acc<Acc>(x[off]);
     Acc out = Acc(0);
     if (xv != neg_inf<Acc>()) out = exp_of(xv + incl.pos) - exp_of(xv + incl.neg);
-    dx[off] = static_cast<T>(out);
+    dx[off] = from_acc<T>(out);
   }
 };
 
@@ -256,10 +277,10 @@ struct ExtremeBackward : KeyedSumCombine<Acc> {
   const int64_t* indices;
   T* dx;
   BHD State load(int64_t off, int64_t) const {
-    return {indices[off], static_cast<Acc>(dy[off])};
+    return {indices[off], to_acc<Acc>(dy[off])};
   }
   BHD void store(int64_t off, int64_t l, State, State incl) const {
-    dx[off] = static_cast<T>(indices[off] == l ? incl.sum : Acc(0));
+    dx[off] = from_acc<T>(indices[off] == l ? incl.sum : Acc(0));
   }
 };
 
