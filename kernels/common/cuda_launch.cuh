@@ -22,12 +22,6 @@ inline KernelStatus launch_status() { return to_status(cudaGetLastError()); }
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// 64-bit counterpart of IntDivider, for problems too large for 31-bit indices.
-struct PlainDivider64 {
-  int64_t divisor = 1;
-  __host__ __device__ int64_t div(int64_t n) const { return n / divisor; }
-};
-
 template <typename Index>
 struct DividerFor;
 template <> struct DividerFor<uint32_t> { using type = IntDivider; };

@@ -33,4 +33,11 @@ struct IntDivider {
   }
 };
 
+// 64-bit counterpart of IntDivider, for problems too large for 31-bit indices
+// (and for host loops, where a divide is cheap enough).
+struct PlainDivider64 {
+  int64_t divisor = 1;
+  BARACUDA_HOST_DEVICE int64_t div(int64_t n) const { return n / divisor; }
+};
+
 }  // namespace baracuda

@@ -14,33 +14,13 @@
 #include <cmath>
 #include <cstdint>
 
+#include "common/acc_convert.h"
 #include "common/unit_types.h"
-
-#if defined(__CUDACC__)
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#endif
 
 namespace baracuda {
 namespace scan {
 
 #define BHD BARACUDA_HOST_DEVICE
-
-// Storage <-> accumulation conversions. Functions, not casts: torch builds
-// CUDA code with __CUDA_NO_HALF_CONVERSIONS__ / __CUDA_NO_BFLOAT16_CONVERSIONS__,
-// which removes the implicit conversions of the device half types.
-template <typename Acc, typename T> BHD Acc to_acc(T v) { return static_cast<Acc>(v); }
-template <typename T, typename Acc> BHD T from_acc(Acc v) { return static_cast<T>(v); }
-#if defined(__CUDACC__)
-template <> __device__ inline float to_acc<float, __half>(__half v) { return __half2float(v); }
-template <> __device__ inline float to_acc<float, __nv_bfloat16>(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-template <> __device__ inline __half from_acc<__half, float>(float v) { return __float2half_rn(v); }
-template <> __device__ inline __nv_bfloat16 from_acc<__nv_bfloat16, float>(float v) {
-  return __float2bfloat16_rn(v);
-}
-#endif
 
 BHD inline float log1p_of(float v) { return log1pf(v); }
 BHD inline double log1p_of(double v) { return log1p(v); }
