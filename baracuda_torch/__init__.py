@@ -8,9 +8,10 @@ functions, their fake kernels for torch.compile, and their autograd formulas.
 import torch  # noqa: F401  (must be loaded before the extension)
 
 from . import _C  # noqa: F401  (registers torch.ops.baracuda.*)
-from . import masks  # noqa: F401
+from . import masks, nn  # noqa: F401
 from .block_sparse_attention import (attention_flops, block_sparse_attention,
                                      block_sparse_attention_path)
+from .fractional_max_pool import fractional_max_pool2d, fractional_max_pool3d
 from .merge import merge_state, merge_state_, merge_states
 from .scan import cummax, cummin, cumprod, cumsum, logcumsumexp, scan_path
 from .write_slice import write_slice, write_slice_, write_slice_at_, write_slice_path
@@ -23,11 +24,14 @@ __all__ = [
     "cummin",
     "cumprod",
     "cumsum",
+    "fractional_max_pool2d",
+    "fractional_max_pool3d",
     "logcumsumexp",
     "masks",
     "merge_state",
     "merge_state_",
     "merge_states",
+    "nn",
     "scan_path",
     "write_slice",
     "write_slice_",

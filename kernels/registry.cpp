@@ -77,4 +77,16 @@ TORCH_LIBRARY(baracuda, m) {
         {at::Tag::pt2_compliant_tag});
   // Which CUDA path a scan of x along dim takes (for tests and tuning).
   m.def("scan_path(Tensor x, int dim) -> str");
+
+  // ---- fractional max pooling, 2-D and 3-D (len(kernel_size) spatial axes) ----
+  // x: [C, spatial...] or [N, C, spatial...]; samples [N (1 unbatched), C, dims]
+  // in x's dtype or float32. placement "torch" (PyTorch's windows) or "even".
+  // Returns (out, indices), indices flat within each (n, c) plane.
+  m.def("fractional_max_pool(Tensor x, int[] kernel_size, SymInt[] output_size, Tensor samples, "
+        "str placement=\"torch\") -> (Tensor, Tensor)",
+        {at::Tag::pt2_compliant_tag});
+  // Deterministic gradient of the above (a gather, no atomics); input_size: x's shape.
+  m.def("fractional_max_pool_backward(Tensor grad_out, Tensor indices, Tensor samples, "
+        "SymInt[] input_size, int[] kernel_size, str placement=\"torch\") -> Tensor",
+        {at::Tag::pt2_compliant_tag});
 }

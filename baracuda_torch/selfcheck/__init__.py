@@ -32,6 +32,6 @@ def max_abs_error(ours: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def families() -> List:
-    from . import block_sparse_attention, merge, scan, write_slice
+    from . import block_sparse_attention, fractional_max_pool, merge, scan, write_slice
 
-    return [write_slice, merge, scan, block_sparse_attention]
+    return [write_slice, merge, scan, fractional_max_pool, block_sparse_attention]

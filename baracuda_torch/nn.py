@@ -1,0 +1,55 @@
+"""``torch.nn`` modules over baracuda_torch's ops, with torch.nn's
+constructor arguments."""
+
+import torch
+
+from .fractional_max_pool import fractional_max_pool2d, fractional_max_pool3d
+
+
+class _FractionalMaxPoolNd(torch.nn.Module):
+    dims = 2
+
+    def __init__(self, kernel_size, output_size=None, output_ratio=None, return_indices=False,
+                 _random_samples=None, *, placement="torch"):
+        super().__init__()
+        if (output_size is None) == (output_ratio is None):
+            raise ValueError(f"FractionalMaxPool{self.dims}d: give exactly one of output_size "
+                             f"and output_ratio")
+        if output_ratio is not None:
+            ratios = (output_ratio,) * self.dims if isinstance(output_ratio, (int, float)) \
+                else tuple(output_ratio)
+            if not all(0 < r < 1 for r in ratios):
+                raise ValueError(f"FractionalMaxPool{self.dims}d: output_ratio={output_ratio} "
+                                 f"must lie in (0, 1)")
+        self.kernel_size = kernel_size
+        self.output_size = output_size
+        self.output_ratio = output_ratio
+        self.return_indices = return_indices
+        self.placement = placement
+        self.register_buffer("_random_samples", _random_samples)
+
+    def extra_repr(self):
+        return (f"kernel_size={self.kernel_size}, output_size={self.output_size}, "
+                f"output_ratio={self.output_ratio}, placement={self.placement!r}")
+
+
+class FractionalMaxPool2d(_FractionalMaxPoolNd):
+    """Drop-in for ``torch.nn.FractionalMaxPool2d`` (plus ``placement``)."""
+
+    dims = 2
+
+    def forward(self, x):
+        return fractional_max_pool2d(x, self.kernel_size, self.output_size, self.output_ratio,
+                                     self.return_indices, self._random_samples,
+                                     placement=self.placement)
+
+
+class FractionalMaxPool3d(_FractionalMaxPoolNd):
+    """Drop-in for ``torch.nn.FractionalMaxPool3d`` (plus ``placement``)."""
+
+    dims = 3
+
+    def forward(self, x):
+        return fractional_max_pool3d(x, self.kernel_size, self.output_size, self.output_ratio,
+                                     self.return_indices, self._random_samples,
+                                     placement=self.placement)

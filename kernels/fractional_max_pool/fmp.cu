@@ -1,0 +1,114 @@
+// CUDA executors of fractional max pooling: one thread per output cell
+// (forward) or per input element (backward, a gather: no atomics, so the
+// gradient is deterministic), running the per-element code shared with the
+// host (fmp_element.h). Windows use float32 arithmetic (float64 for float64
+// inputs), as PyTorch's CUDA kernels do.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <type_traits>
+
+#include "common/compute_types.cuh"
+#include "common/cuda_launch.cuh"
+#include "fractional_max_pool/fmp_element.h"
+#include "fractional_max_pool/fmp_kernels.h"
+
+namespace baracuda {
+namespace {
+
+template <int DIMS, typename Index>
+using DeviceSplit = fmp::PlaneSplit<DIMS, Index, typename DividerFor<Index>::type>;
+
+template <int DIMS, typename T, typename Index>
+__global__ void __launch_bounds__(256)
+fmp_forward_kernel(FmpForwardArgs a, DeviceSplit<DIMS, Index> split, Index total) {
+  using C = compute_t<T>;
+  for (Index i = blockIdx.x * Index{blockDim.x} + threadIdx.x; i < total;
+       i += Index{gridDim.x} * blockDim.x) {
+    fmp::pool_one<DIMS, T, C, C, C>(a, split, i);
+  }
+}
+
+template <int DIMS, typename T, typename Index>
+__global__ void __launch_bounds__(256)
+fmp_backward_kernel(FmpBackwardArgs a, DeviceSplit<DIMS, Index> split, Index total) {
+  using C = compute_t<T>;
+  for (Index i = blockIdx.x * Index{blockDim.x} + threadIdx.x; i < total;
+       i += Index{gridDim.x} * blockDim.x) {
+    fmp::gather_one<DIMS, T, C, C, C>(a, split, i);
+  }
+}
+
+template <typename Fn>
+KernelStatus dispatch_device(FmpDtype dtype, Fn&& fn) {
+  switch (dtype) {
+    case FmpDtype::kFloat16: return fn(__half{});
+    case FmpDtype::kBFloat16: return fn(__nv_bfloat16{});
+    case FmpDtype::kFloat32: return fn(float{});
+    case FmpDtype::kFloat64: return fn(double{});
+  }
+  return KernelStatus::invalid("unknown fractional_max_pool dtype");
+}
+
+// Launches kernel<T, Index> over `total` elements, 31-bit indices when they fit.
+template <typename Launch>
+KernelStatus over_elements(int64_t total, Launch&& launch) {
+  if (total == 0) return KernelStatus::ok();
+  const int threads = 256;
+  const int64_t blocks = std::min<int64_t>(ceil_div(total, threads), int64_t{1} << 20);
+  if (total < (int64_t{1} << 31)) {
+    launch(uint32_t{}, static_cast<unsigned>(blocks), threads);
+  } else {
+    launch(int64_t{}, static_cast<unsigned>(blocks), threads);
+  }
+  return launch_status();
+}
+
+int64_t count(int64_t planes, int dims, const int64_t* sizes) {
+  int64_t n = planes;
+  for (int a = 0; a < dims; ++a) n *= sizes[a];
+  return n;
+}
+
+
+// Calls fn(dims constant, T value) for the geometry's rank and dtype.
+template <typename Fn>
+KernelStatus dispatch(const FmpGeometry& g, Fn&& fn) {
+  return dispatch_device(g.dtype, [&](auto t) {
+    if (g.dims == 2) return fn(std::integral_constant<int, 2>{}, t);
+    if (g.dims == 3) return fn(std::integral_constant<int, 3>{}, t);
+    return KernelStatus::invalid("fractional_max_pool: dims must be 2 or 3");
+  });
+}
+
+}  // namespace
+
+KernelStatus fmp_forward_cuda(const FmpForwardArgs& a, void* stream) {
+  const int64_t total = count(a.g.batch * a.g.channels, a.g.dims, a.g.out);
+  return dispatch(a.g, [&](auto dims_c, auto t) {
+    constexpr int D = decltype(dims_c)::value;
+    using T = decltype(t);
+    return over_elements(total, [&](auto index_c, unsigned blocks, int threads) {
+      using Index = decltype(index_c);
+      fmp_forward_kernel<D, T, Index><<<blocks, threads, 0, static_cast<cudaStream_t>(stream)>>>(
+          a, DeviceSplit<D, Index>(a.g.out, a.g.channels), static_cast<Index>(total));
+    });
+  });
+}
+
+KernelStatus fmp_backward_cuda(const FmpBackwardArgs& a, void* stream) {
+  const int64_t total = count(a.g.batch * a.g.channels, a.g.dims, a.g.in);
+  return dispatch(a.g, [&](auto dims_c, auto t) {
+    constexpr int D = decltype(dims_c)::value;
+    using T = decltype(t);
+    return over_elements(total, [&](auto index_c, unsigned blocks, int threads) {
+      using Index = decltype(index_c);
+      fmp_backward_kernel<D, T, Index><<<blocks, threads, 0, static_cast<cudaStream_t>(stream)>>>(
+          a, DeviceSplit<D, Index>(a.g.in, a.g.channels), static_cast<Index>(total));
+    });
+  });
+}
+
+}  // namespace baracuda

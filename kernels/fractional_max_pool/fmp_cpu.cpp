@@ -1,0 +1,74 @@
+// Host executors of fractional max pooling: the shared per-element code
+// (fmp_element.h) over plain loops. The torch placement computes its windows
+// in the input's own type, as PyTorch's CPU kernels do (its half types round
+// after every step), so half inputs are read as c10's half types here.
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <type_traits>
+
+#include "fractional_max_pool/fmp_element.h"
+#include "fractional_max_pool/fmp_kernels.h"
+
+namespace baracuda {
+namespace {
+
+template <int DIMS>
+using HostSplit = fmp::PlaneSplit<DIMS, int64_t, PlainDivider64>;
+
+// Calls fn(dims constant) for 2 or 3 spatial axes.
+template <typename Fn>
+KernelStatus dispatch_dims(int dims, Fn&& fn) {
+  if (dims == 2) return fn(std::integral_constant<int, 2>{});
+  if (dims == 3) return fn(std::integral_constant<int, 3>{});
+  return KernelStatus::invalid("fractional_max_pool: dims must be 2 or 3");
+}
+
+template <typename Fn>
+KernelStatus dispatch_host(FmpDtype dtype, Fn&& fn) {
+  switch (dtype) {
+    case FmpDtype::kFloat16: return fn(c10::Half{}, float{});
+    case FmpDtype::kBFloat16: return fn(c10::BFloat16{}, float{});
+    case FmpDtype::kFloat32: return fn(float{}, float{});
+    case FmpDtype::kFloat64: return fn(double{}, double{});
+  }
+  return KernelStatus::invalid("unknown fractional_max_pool dtype");
+}
+
+int64_t count(int64_t planes, int dims, const int64_t* sizes) {
+  int64_t n = planes;
+  for (int a = 0; a < dims; ++a) n *= sizes[a];
+  return n;
+}
+
+}  // namespace
+
+KernelStatus fmp_forward_cpu(const FmpForwardArgs& a) {
+  const int64_t total = count(a.g.batch * a.g.channels, a.g.dims, a.g.out);
+  return dispatch_dims(a.g.dims, [&](auto dims_c) {
+    constexpr int D = decltype(dims_c)::value;
+    const HostSplit<D> split(a.g.out, a.g.channels);
+    return dispatch_host(a.g.dtype, [&](auto t, auto c) {
+      using T = decltype(t);
+      using C = decltype(c);
+      for (int64_t i = 0; i < total; ++i) fmp::pool_one<D, T, C, T, C>(a, split, i);
+      return KernelStatus::ok();
+    });
+  });
+}
+
+KernelStatus fmp_backward_cpu(const FmpBackwardArgs& a) {
+  const int64_t total = count(a.g.batch * a.g.channels, a.g.dims, a.g.in);
+  return dispatch_dims(a.g.dims, [&](auto dims_c) {
+    constexpr int D = decltype(dims_c)::value;
+    const HostSplit<D> split(a.g.in, a.g.channels);
+    return dispatch_host(a.g.dtype, [&](auto t, auto c) {
+      using T = decltype(t);
+      using C = decltype(c);
+      for (int64_t i = 0; i < total; ++i) fmp::gather_one<D, T, C, T, C>(a, split, i);
+      return KernelStatus::ok();
+    });
+  });
+}
+
+}  // namespace baracuda

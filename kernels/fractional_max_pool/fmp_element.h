@@ -1,0 +1,130 @@
+// The per-element work of fractional max pooling, shared by the CPU loops and
+// the CUDA kernels: one output cell (forward), one input element (backward).
+// T: storage type, C: compare / accumulate type (float for half types), A:
+// the torch placement's arithmetic (fmp_windows.h), S: stored sample type.
+#pragma once
+
+#include <cstdint>
+
+#include "common/acc_convert.h"
+#include "common/int_divider.h"
+#include "fractional_max_pool/fmp_windows.h"
+
+namespace baracuda {
+namespace fmp {
+
+// Splits a linear index of a contiguous [N, C, sizes...] array into the plane
+// (n * C + c) and its spatial coordinates. Div: IntDivider for 31-bit indices
+// on the GPU, PlainDivider64 otherwise (int_divider.h).
+template <int DIMS, typename Index, typename Div>
+struct PlaneSplit {
+  Div size[DIMS];
+  Div channels;
+
+  PlaneSplit(const int64_t* sizes, int64_t c) : channels(make(c)) {
+    for (int a = 0; a < DIMS; ++a) size[a] = make(sizes[a]);
+  }
+  static Div make(int64_t v) {
+    if constexpr (sizeof(Index) == 4) {
+      return Div(static_cast<uint32_t>(v));
+    } else {
+      return Div{v};
+    }
+  }
+
+  BARACUDA_HOST_DEVICE int64_t plane(Index linear, int64_t (&coord)[3]) const {
+#pragma unroll
+    for (int a = DIMS - 1; a >= 0; --a) {
+      const Index q = static_cast<Index>(size[a].div(linear));
+      coord[a] = static_cast<int64_t>(linear - q * static_cast<Index>(size[a].divisor));
+      linear = q;
+    }
+    return static_cast<int64_t>(linear);
+  }
+  BARACUDA_HOST_DEVICE void batch_and_channel(Index plane, int64_t& n, int64_t& c) const {
+    const Index q = static_cast<Index>(channels.div(plane));
+    n = static_cast<int64_t>(q);
+    c = static_cast<int64_t>(plane - q * static_cast<Index>(channels.divisor));
+  }
+};
+
+// Max over the window of output cell `linear`. NaN wins (the last NaN of the
+// window, as torch), ties keep the first maximum, and a window of -inf keeps
+// its first element's index.
+template <int DIMS, typename T, typename C, typename A, typename S, typename Split, typename Index>
+BARACUDA_HOST_DEVICE inline void pool_one(const FmpForwardArgs& a, const Split& split,
+                                          Index linear) {
+  const FmpGeometry& g = a.g;
+  int64_t o[3] = {0, 0, 0};
+  const int64_t plane = split.plane(linear, o);
+  const S* samples = static_cast<const S*>(g.samples);
+  int64_t lo[3] = {0, 0, 0}, hi[3] = {1, 1, 1}, in[3] = {1, 1, 1}, st[3] = {0, 0, 0};
+  constexpr int lead = 3 - DIMS;  // 2-D runs as 3-D with a unit leading axis
+#pragma unroll
+  for (int ax = 0; ax < DIMS; ++ax) {
+    const AxisWindows<A> w(g, samples, plane, ax);
+    lo[lead + ax] = w.start(o[ax]);
+    hi[lead + ax] = lo[lead + ax] + g.kernel[ax];
+    in[lead + ax] = g.in[ax];
+    st[lead + ax] = a.x_stride[ax];
+  }
+  int64_t n, c;
+  split.batch_and_channel(static_cast<Index>(plane), n, c);
+  const T* x = static_cast<const T*>(a.x) + n * a.x_stride_n + c * a.x_stride_c;
+  C best = -static_cast<C>(INFINITY);
+  int64_t best_index = (lo[0] * in[1] + lo[1]) * in[2] + lo[2];
+  for (int64_t t = lo[0]; t < hi[0]; ++t) {
+    for (int64_t h = lo[1]; h < hi[1]; ++h) {
+      const T* row = x + t * st[0] + h * st[1];
+      for (int64_t w = lo[2]; w < hi[2]; ++w) {
+        const C v = to_acc<C>(row[w * st[2]]);
+        if (v > best || v != v) {
+          best = v;
+          best_index = (t * in[1] + h) * in[2] + w;
+        }
+      }
+    }
+  }
+  static_cast<T*>(a.out)[linear] = from_acc<T>(best);
+  a.indices[linear] = best_index;
+}
+
+// Gradient of input element `linear`: the sum, in output order, of grad_out
+// over the cells whose window covers it and whose saved index names it.
+template <int DIMS, typename T, typename C, typename A, typename S, typename Split, typename Index>
+BARACUDA_HOST_DEVICE inline void gather_one(const FmpBackwardArgs& a, const Split& split,
+                                            Index linear) {
+  const FmpGeometry& g = a.g;
+  int64_t p[3] = {0, 0, 0};
+  const int64_t plane = split.plane(linear, p);
+  const S* samples = static_cast<const S*>(g.samples);
+  int64_t first[3] = {0, 0, 0}, last[3] = {1, 1, 1}, gs[3] = {0, 0, 0}, is[3] = {0, 0, 0};
+  int64_t flat = 0;
+  constexpr int lead = 3 - DIMS;
+#pragma unroll
+  for (int ax = 0; ax < DIMS; ++ax) {
+    const AxisWindows<A> w(g, samples, plane, ax);
+    w.covering(p[ax], first[lead + ax], last[lead + ax]);
+    gs[lead + ax] = a.go_stride[ax];
+    is[lead + ax] = a.ix_stride[ax];
+    flat = flat * g.in[ax] + p[ax];
+  }
+  int64_t n, c;
+  split.batch_and_channel(static_cast<Index>(plane), n, c);
+  const T* go = static_cast<const T*>(a.grad_out) + n * a.go_stride_n + c * a.go_stride_c;
+  const int64_t* ix = a.indices + n * a.ix_stride_n + c * a.ix_stride_c;
+  C sum = 0;
+  for (int64_t t = first[0]; t < last[0]; ++t) {
+    for (int64_t h = first[1]; h < last[1]; ++h) {
+      for (int64_t w = first[2]; w < last[2]; ++w) {
+        if (ix[t * is[0] + h * is[1] + w * is[2]] == flat) {
+          sum += to_acc<C>(go[t * gs[0] + h * gs[1] + w * gs[2]]);
+        }
+      }
+    }
+  }
+  static_cast<T*>(a.grad_in)[linear] = from_acc<T>(sum);
+}
+
+}  // namespace fmp
+}  // namespace baracuda

@@ -1,0 +1,57 @@
+// Launch contracts of fractional max pooling (2-D and 3-D), over raw pointers.
+//
+// Planes are the (n, c) pairs; each has `dims` spatial axes (2 or 3, outermost
+// first). Along axis a, output cell o pools input positions
+// [start_a(o), start_a(o) + k_a), where start_a comes from the plane's sample
+// for that axis (fmp_windows.h). Output and indices are contiguous
+// [N, C, out...]; an index is the flat position inside its input plane, as
+// torch's are. The backward gathers (no atomics): every input element sums the
+// gradients of the output cells whose window covers it and whose index names
+// it, in a fixed order, so it is deterministic.
+#pragma once
+
+#include <cstdint>
+
+#include "common/status.h"
+
+namespace baracuda {
+
+enum class FmpDtype : int { kFloat16, kBFloat16, kFloat32, kFloat64 };
+
+struct FmpGeometry {
+  FmpDtype dtype = FmpDtype::kFloat32;
+  int dims = 2;
+  bool even = false;        // placement "even" (the evenly spaced formula) vs "torch"
+  int64_t batch = 0, channels = 0;
+  int64_t in[3] = {}, out[3] = {}, kernel[3] = {};
+  // (in - k) / (out - 1) per axis, already rounded to the arithmetic the
+  // torch placement uses (fmp_windows.h); unused when out == 1 or even.
+  double alpha[3] = {};
+  int sample_index[3] = {};  // which entry of a plane's samples drives each axis
+  // Samples [N, C, dims], contiguous: float32, or float64 for float64 inputs.
+  const void* samples = nullptr;
+};
+
+struct FmpForwardArgs {
+  FmpGeometry g;
+  const void* x = nullptr;
+  int64_t x_stride_n = 0, x_stride_c = 0, x_stride[3] = {};  // elements
+  void* out = nullptr;          // contiguous [N, C, out...]
+  int64_t* indices = nullptr;   // contiguous [N, C, out...]
+};
+
+struct FmpBackwardArgs {
+  FmpGeometry g;
+  const void* grad_out = nullptr;
+  int64_t go_stride_n = 0, go_stride_c = 0, go_stride[3] = {};
+  const int64_t* indices = nullptr;
+  int64_t ix_stride_n = 0, ix_stride_c = 0, ix_stride[3] = {};
+  void* grad_in = nullptr;      // contiguous [N, C, in...]
+};
+
+KernelStatus fmp_forward_cuda(const FmpForwardArgs& args, void* stream);
+KernelStatus fmp_backward_cuda(const FmpBackwardArgs& args, void* stream);
+KernelStatus fmp_forward_cpu(const FmpForwardArgs& args);
+KernelStatus fmp_backward_cpu(const FmpBackwardArgs& args);
+
+}  // namespace baracuda
