@@ -436,7 +436,10 @@ def test_tens_of_millions_on_cuda(name):
     g = torch.Generator(device="cuda").manual_seed(7)
     x = torch.randn(1, n, generator=g, device="cuda")
     if name == "cumprod":
-        x = 1 + 1e-4 * x
+        # A product of 16M factors accumulates float32 rounding far past any
+        # fixed tolerance (torch's own float32 cumprod too); float64 checks
+        # the same path at this length.
+        x = (1 + 1e-4 * x).double()
     assert bt.scan_path(x, 1) == "long_rows"
     for reverse in (False, True):
         got = ours(name, x, 1, reverse)
@@ -448,7 +451,7 @@ def test_tens_of_millions_on_cuda(name):
             scale = ref.abs().max().item()
             torch.testing.assert_close(got.double().cpu(), ref.cpu(), atol=1e-5 * max(scale, 1.0),
                                        rtol=1e-4)
-        dy = torch.randn(1, n, generator=g, device="cuda")
+        dy = torch.randn(1, n, generator=g, device="cuda").to(x.dtype)
         got_g = our_grad(name, x, 1, reverse, dy)
         assert torch.isfinite(got_g).all()
         if name in ("cumsum",) + tuple(EXTREME):

@@ -21,14 +21,23 @@ namespace {
 template <int DIMS, typename Index>
 using DeviceSplit = fmp::PlaneSplit<DIMS, Index, typename DividerFor<Index>::type>;
 
-template <int DIMS, typename T, typename Index>
+template <int DIMS, int K, typename T, typename Index>
 __global__ void __launch_bounds__(256)
 fmp_forward_kernel(FmpForwardArgs a, DeviceSplit<DIMS, Index> split, Index total) {
   using C = compute_t<T>;
   for (Index i = blockIdx.x * Index{blockDim.x} + threadIdx.x; i < total;
        i += Index{gridDim.x} * blockDim.x) {
-    fmp::pool_one<DIMS, T, C, C, C>(a, split, i);
+    fmp::pool_one<DIMS, K, T, C, C, C>(a, split, i);
   }
+}
+
+// The cubic or square kernel size when it is one of the unrolled ones (2, 3), else 0.
+int unrolled_kernel(const FmpGeometry& g) {
+  const int64_t k = g.kernel[0];
+  for (int ax = 1; ax < g.dims; ++ax) {
+    if (g.kernel[ax] != k) return 0;
+  }
+  return (k == 2 || k == 3) ? static_cast<int>(k) : 0;
 }
 
 template <int DIMS, typename T, typename Index>
@@ -90,10 +99,19 @@ KernelStatus fmp_forward_cuda(const FmpForwardArgs& a, void* stream) {
   return dispatch(a.g, [&](auto dims_c, auto t) {
     constexpr int D = decltype(dims_c)::value;
     using T = decltype(t);
+    const int k = unrolled_kernel(a.g);
     return over_elements(total, [&](auto index_c, unsigned blocks, int threads) {
       using Index = decltype(index_c);
-      fmp_forward_kernel<D, T, Index><<<blocks, threads, 0, static_cast<cudaStream_t>(stream)>>>(
-          a, DeviceSplit<D, Index>(a.g.out, a.g.channels), static_cast<Index>(total));
+      const DeviceSplit<D, Index> split(a.g.out, a.g.channels);
+      const auto s = static_cast<cudaStream_t>(stream);
+      const Index n = static_cast<Index>(total);
+      if (k == 2) {
+        fmp_forward_kernel<D, 2, T, Index><<<blocks, threads, 0, s>>>(a, split, n);
+      } else if (k == 3) {
+        fmp_forward_kernel<D, 3, T, Index><<<blocks, threads, 0, s>>>(a, split, n);
+      } else {
+        fmp_forward_kernel<D, 0, T, Index><<<blocks, threads, 0, s>>>(a, split, n);
+      }
     });
   });
 }

@@ -51,7 +51,7 @@ KernelStatus fmp_forward_cpu(const FmpForwardArgs& a) {
     return dispatch_host(a.g.dtype, [&](auto t, auto c) {
       using T = decltype(t);
       using C = decltype(c);
-      for (int64_t i = 0; i < total; ++i) fmp::pool_one<D, T, C, T, C>(a, split, i);
+      for (int64_t i = 0; i < total; ++i) fmp::pool_one<D, 0, T, C, T, C>(a, split, i);
       return KernelStatus::ok();
     });
   });

@@ -51,7 +51,10 @@ struct PlaneSplit {
 // Max over the window of output cell `linear`. NaN wins (the last NaN of the
 // window, as torch), ties keep the first maximum, and a window of -inf keeps
 // its first element's index.
-template <int DIMS, typename T, typename C, typename A, typename S, typename Split, typename Index>
+// K > 0: every kernel extent is K (a compile-time constant, so the window's
+// loads are unrolled and issued together); K == 0: extents read from `a`.
+template <int DIMS, int K, typename T, typename C, typename A, typename S, typename Split,
+          typename Index>
 BARACUDA_HOST_DEVICE inline void pool_one(const FmpForwardArgs& a, const Split& split,
                                           Index linear) {
   const FmpGeometry& g = a.g;
@@ -73,14 +76,20 @@ BARACUDA_HOST_DEVICE inline void pool_one(const FmpForwardArgs& a, const Split& 
   const T* x = static_cast<const T*>(a.x) + n * a.x_stride_n + c * a.x_stride_c;
   C best = -static_cast<C>(INFINITY);
   int64_t best_index = (lo[0] * in[1] + lo[1]) * in[2] + lo[2];
-  for (int64_t t = lo[0]; t < hi[0]; ++t) {
-    for (int64_t h = lo[1]; h < hi[1]; ++h) {
-      const T* row = x + t * st[0] + h * st[1];
-      for (int64_t w = lo[2]; w < hi[2]; ++w) {
-        const C v = to_acc<C>(row[w * st[2]]);
+  const int64_t ext_t = DIMS == 3 ? (K ? K : hi[0] - lo[0]) : 1;
+  const int64_t ext_h = K ? K : hi[1] - lo[1], ext_w = K ? K : hi[2] - lo[2];
+  const T* corner = x + lo[0] * st[0] + lo[1] * st[1] + lo[2] * st[2];
+#pragma unroll
+  for (int64_t dt = 0; dt < ext_t; ++dt) {
+#pragma unroll
+    for (int64_t dh = 0; dh < ext_h; ++dh) {
+      const T* row = corner + dt * st[0] + dh * st[1];
+#pragma unroll
+      for (int64_t dw = 0; dw < ext_w; ++dw) {
+        const C v = to_acc<C>(row[dw * st[2]]);
         if (v > best || v != v) {
           best = v;
-          best_index = (t * in[1] + h) * in[2] + w;
+          best_index = ((lo[0] + dt) * in[1] + lo[1] + dh) * in[2] + lo[2] + dw;
         }
       }
     }

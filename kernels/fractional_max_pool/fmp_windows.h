@@ -81,14 +81,20 @@ struct AxisWindows {
   }
 
   // The output cells whose window covers input position p: [first, last).
+  // Windows start about o * (in - k) / (out - 1) (both placements, give or
+  // take one), so a guess from that lands within a step or two of the first
+  // covering cell, and the exact answer is found by stepping from there.
   BARACUDA_HOST_DEVICE void covering(int64_t p, int64_t& first, int64_t& last) const {
-    int64_t lo = 0, hi = out;  // first o with start(o) + k > p
-    while (lo < hi) {
-      const int64_t mid = (lo + hi) / 2;
-      if (start(mid) + k > p) hi = mid; else lo = mid + 1;
+    int64_t o = 0;
+    if (out > 1 && in > k) {
+      const double step = static_cast<double>(in - k) / static_cast<double>(out - 1);
+      o = static_cast<int64_t>(static_cast<double>(p - k + 1) / step);
+      o = o < 0 ? 0 : (o > out - 1 ? out - 1 : o);
     }
-    first = lo;
-    last = lo;
+    while (o > 0 && start(o - 1) + k > p) --o;   // first o with start(o) + k > p
+    while (o < out && start(o) + k <= p) ++o;
+    first = o;
+    last = o;
     while (last < out && start(last) <= p) ++last;
   }
 };
