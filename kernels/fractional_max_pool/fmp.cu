@@ -40,13 +40,22 @@ int unrolled_kernel(const FmpGeometry& g) {
   return (k == 2 || k == 3) ? static_cast<int>(k) : 0;
 }
 
+template <typename T>
+__global__ void __launch_bounds__(256) fmp_cover_kernel(FmpBackwardArgs a, int64_t total) {
+  using C = compute_t<T>;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    fmp::cover_one<C, C>(a, i);
+  }
+}
+
 template <int DIMS, typename T, typename Index>
 __global__ void __launch_bounds__(256)
 fmp_backward_kernel(FmpBackwardArgs a, DeviceSplit<DIMS, Index> split, Index total) {
   using C = compute_t<T>;
   for (Index i = blockIdx.x * Index{blockDim.x} + threadIdx.x; i < total;
        i += Index{gridDim.x} * blockDim.x) {
-    fmp::gather_one<DIMS, T, C, C, C>(a, split, i);
+    fmp::gather_one<DIMS, T, C>(a, split, i);
   }
 }
 
@@ -121,9 +130,15 @@ KernelStatus fmp_backward_cuda(const FmpBackwardArgs& a, void* stream) {
   return dispatch(a.g, [&](auto dims_c, auto t) {
     constexpr int D = decltype(dims_c)::value;
     using T = decltype(t);
+    const auto s = static_cast<cudaStream_t>(stream);
+    const int64_t entries = fmp_cover_entries(a.g);
+    const KernelStatus cover = over_elements(entries, [&](auto, unsigned blocks, int threads) {
+      fmp_cover_kernel<T><<<blocks, threads, 0, s>>>(a, entries);
+    });
+    if (!cover.is_ok()) return cover;
     return over_elements(total, [&](auto index_c, unsigned blocks, int threads) {
       using Index = decltype(index_c);
-      fmp_backward_kernel<D, T, Index><<<blocks, threads, 0, static_cast<cudaStream_t>(stream)>>>(
+      fmp_backward_kernel<D, T, Index><<<blocks, threads, 0, s>>>(
           a, DeviceSplit<D, Index>(a.g.in, a.g.channels), static_cast<Index>(total));
     });
   });

@@ -65,7 +65,9 @@ KernelStatus fmp_backward_cpu(const FmpBackwardArgs& a) {
     return dispatch_host(a.g.dtype, [&](auto t, auto c) {
       using T = decltype(t);
       using C = decltype(c);
-      for (int64_t i = 0; i < total; ++i) fmp::gather_one<D, T, C, T, C>(a, split, i);
+      const int64_t entries = fmp_cover_entries(a.g);
+      for (int64_t i = 0; i < entries; ++i) fmp::cover_one<T, C>(a, i);
+      for (int64_t i = 0; i < total; ++i) fmp::gather_one<D, T, C>(a, split, i);
       return KernelStatus::ok();
     });
   });

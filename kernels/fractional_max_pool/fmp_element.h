@@ -98,22 +98,47 @@ BARACUDA_HOST_DEVICE inline void pool_one(const FmpForwardArgs& a, const Split& 
   a.indices[linear] = best_index;
 }
 
+// Covering ranges, computed once per (plane, axis, position) rather than
+// once per input element (the window arithmetic is conversion-heavy, and an
+// input element would redo it for every axis): entry `linear` of the
+// [planes, sum(in)] table holds [first, last), the output cells along that
+// axis whose window covers the position.
+template <typename A, typename S>
+BARACUDA_HOST_DEVICE inline void cover_one(const FmpBackwardArgs& a, int64_t linear) {
+  const FmpGeometry& g = a.g;
+  int64_t sum_in = 0;
+  for (int ax = 0; ax < g.dims; ++ax) sum_in += g.in[ax];
+  const int64_t plane = linear / sum_in;
+  int64_t pos = linear - plane * sum_in;
+  int axis = 0;
+  while (pos >= g.in[axis]) pos -= g.in[axis++];
+  const AxisWindows<A> w(g, static_cast<const S*>(g.samples), plane, axis);
+  int64_t first, last;
+  w.covering(pos, first, last);
+  a.cover[2 * linear] = static_cast<int32_t>(first);
+  a.cover[2 * linear + 1] = static_cast<int32_t>(last);
+}
+
 // Gradient of input element `linear`: the sum, in output order, of grad_out
-// over the cells whose window covers it and whose saved index names it.
-template <int DIMS, typename T, typename C, typename A, typename S, typename Split, typename Index>
+// over the cells whose window covers it (from the cover table) and whose
+// saved index names it.
+template <int DIMS, typename T, typename C, typename Split, typename Index>
 BARACUDA_HOST_DEVICE inline void gather_one(const FmpBackwardArgs& a, const Split& split,
                                             Index linear) {
   const FmpGeometry& g = a.g;
   int64_t p[3] = {0, 0, 0};
   const int64_t plane = split.plane(linear, p);
-  const S* samples = static_cast<const S*>(g.samples);
   int64_t first[3] = {0, 0, 0}, last[3] = {1, 1, 1}, gs[3] = {0, 0, 0}, is[3] = {0, 0, 0};
-  int64_t flat = 0;
+  int64_t flat = 0, axis_offset = 0, sum_in = 0;
+#pragma unroll
+  for (int ax = 0; ax < DIMS; ++ax) sum_in += g.in[ax];
   constexpr int lead = 3 - DIMS;
 #pragma unroll
   for (int ax = 0; ax < DIMS; ++ax) {
-    const AxisWindows<A> w(g, samples, plane, ax);
-    w.covering(p[ax], first[lead + ax], last[lead + ax]);
+    const int32_t* range = a.cover + 2 * (plane * sum_in + axis_offset + p[ax]);
+    first[lead + ax] = range[0];
+    last[lead + ax] = range[1];
+    axis_offset += g.in[ax];
     gs[lead + ax] = a.go_stride[ax];
     is[lead + ax] = a.ix_stride[ax];
     flat = flat * g.in[ax] + p[ax];

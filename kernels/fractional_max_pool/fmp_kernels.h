@@ -47,7 +47,16 @@ struct FmpBackwardArgs {
   const int64_t* indices = nullptr;
   int64_t ix_stride_n = 0, ix_stride_c = 0, ix_stride[3] = {};
   void* grad_in = nullptr;      // contiguous [N, C, in...]
+  // Scratch of 2 * N * C * sum(in) int32: the covering ranges (fmp_element.h).
+  int32_t* cover = nullptr;
 };
+
+// Elements of the backward's cover table.
+inline int64_t fmp_cover_entries(const FmpGeometry& g) {
+  int64_t sum_in = 0;
+  for (int a = 0; a < g.dims; ++a) sum_in += g.in[a];
+  return g.batch * g.channels * sum_in;
+}
 
 KernelStatus fmp_forward_cuda(const FmpForwardArgs& args, void* stream);
 KernelStatus fmp_backward_cuda(const FmpBackwardArgs& args, void* stream);
