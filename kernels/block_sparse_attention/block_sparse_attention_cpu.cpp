@@ -65,8 +65,8 @@ void attend(const BlockSparseAttentionArgs& a) {
 }  // namespace
 
 KernelStatus block_sparse_attention_cpu(const BlockSparseAttentionArgs& a) {
-  if (a.dtype == AttentionDtype::kFloat32) { attend<float>(a); return KernelStatus::ok(); }
-  if (a.dtype == AttentionDtype::kFloat64) { attend<double>(a); return KernelStatus::ok(); }
+  if (a.dtype == FloatDtype::kFloat32) { attend<float>(a); return KernelStatus::ok(); }
+  if (a.dtype == FloatDtype::kFloat64) { attend<double>(a); return KernelStatus::ok(); }
   return KernelStatus::invalid("the host block-sparse attention takes float32 or float64");
 }
 

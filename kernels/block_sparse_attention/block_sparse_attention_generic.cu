@@ -113,13 +113,9 @@ KernelStatus launch(const BlockSparseAttentionArgs& a, cudaStream_t stream) {
 KernelStatus block_sparse_attention_generic_cuda(const BlockSparseAttentionArgs& a, void* stream) {
   if (a.head_dim > 256 || a.v_dim > 256) return KernelStatus::invalid("head dims above 256");
   const auto s = static_cast<cudaStream_t>(stream);
-  switch (a.dtype) {
-    case AttentionDtype::kFloat16: return launch<__half>(a, s);
-    case AttentionDtype::kBFloat16: return launch<__nv_bfloat16>(a, s);
-    case AttentionDtype::kFloat32: return launch<float>(a, s);
-    case AttentionDtype::kFloat64: return launch<double>(a, s);
-  }
-  return KernelStatus::invalid("unknown dtype");
+  return dispatch_float_dtype<__half, __nv_bfloat16>(a.dtype, [&](auto t) {
+    return launch<decltype(t)>(a, s);
+  });
 }
 
 }  // namespace baracuda

@@ -13,15 +13,14 @@
 
 #include <cstdint>
 
+#include "common/float_dtype.h"
 #include "common/status.h"
 #include "common/unit_types.h"
 
 namespace baracuda {
 
-enum class AttentionDtype : int { kFloat16, kBFloat16, kFloat32, kFloat64 };
-
 struct BlockSparseAttentionArgs {
-  AttentionDtype dtype = AttentionDtype::kFloat32;  // of q, k, v, out
+  FloatDtype dtype = FloatDtype::kFloat32;  // of q, k, v, out
   int64_t batch = 0, heads = 0, kv_heads = 0;
   int64_t q_len = 0, k_len = 0;
   int64_t head_dim = 0;  // of q and k
@@ -52,7 +51,7 @@ enum class AttentionPath : int { kHost, kCudaGeneric, kCudaTensorCore };
 // block_q a multiple of 64, block_k a multiple of 64 (the kernel's key tile),
 // unit inner strides and 16-byte aligned rows of q, k, v and out.
 inline int tensor_core_tile_rows(const BlockSparseAttentionArgs& a) {
-  const bool half = a.dtype == AttentionDtype::kFloat16 || a.dtype == AttentionDtype::kBFloat16;
+  const bool half = a.dtype == FloatDtype::kFloat16 || a.dtype == FloatDtype::kBFloat16;
   if (!half || a.head_dim != a.v_dim || (a.head_dim != 64 && a.head_dim != 128)) return 0;
   if (a.block_k % 64 != 0 || a.block_q % 64 != 0) return 0;
   auto aligned = [](const void* p, const int64_t* s) {

@@ -21,19 +21,6 @@ namespace {
 constexpr const char* kOp = "block_sparse_attention";
 constexpr int64_t kMaxHeadDim = 256;
 
-AttentionDtype dtype_of(const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kHalf: return AttentionDtype::kFloat16;
-    case at::kBFloat16: return AttentionDtype::kBFloat16;
-    case at::kFloat: return AttentionDtype::kFloat32;
-    case at::kDouble: return AttentionDtype::kFloat64;
-    default:
-      TORCH_CHECK(false, "baracuda::", kOp, ": q.dtype=", t.scalar_type(),
-                  " is not supported; use float16, bfloat16, float32 or float64");
-  }
-  return AttentionDtype::kFloat32;
-}
-
 at::ScalarType lse_dtype_for(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
 
 // A validated call: the inputs, and the mask as a 4-D view.
@@ -77,7 +64,7 @@ Problem validate(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   check_input("q", q, q);
   check_input("k", k, q);
   check_input("v", v, q);
-  dtype_of(q);
+  float_dtype_of(kOp, "q", q);
   const int64_t B = q.size(0), H = q.size(1), Lq = q.size(2), D = q.size(3);
   TORCH_CHECK(k.size(0) == B && v.size(0) == B, "baracuda::", kOp, ": batch sizes differ: q ",
               B, ", k ", k.size(0), ", v ", v.size(0));
@@ -121,7 +108,7 @@ BlockSparseAttentionArgs make_args(const Problem& p, const at::Tensor& q, const 
                                    const at::Tensor& v, const at::Tensor& out,
                                    const at::Tensor& lse) {
   BlockSparseAttentionArgs a;
-  a.dtype = dtype_of(q);
+  a.dtype = float_dtype_of(kOp, "q", q);
   a.batch = q.size(0);
   a.heads = q.size(1);
   a.kv_heads = k.size(1);

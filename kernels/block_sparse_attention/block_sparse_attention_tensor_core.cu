@@ -346,7 +346,7 @@ KernelStatus block_sparse_attention_tensor_core_cuda(const BlockSparseAttentionA
   const int rows = tensor_core_tile_rows(a);
   if (rows == 0) return KernelStatus::invalid("problem not eligible for the tensor-core kernel");
   const auto s = static_cast<cudaStream_t>(stream);
-  if (a.dtype == AttentionDtype::kFloat16) return launch_for_dtype<__half>(a, rows, s);
+  if (a.dtype == FloatDtype::kFloat16) return launch_for_dtype<__half>(a, rows, s);
   return launch_for_dtype<__nv_bfloat16>(a, rows, s);
 }
 

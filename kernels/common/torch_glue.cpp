@@ -8,6 +8,19 @@ void check_status(const KernelStatus& status, const char* op, const char* what) 
   TORCH_CHECK(status.is_ok(), "baracuda::", op, ": ", what, " failed: ", status.detail);
 }
 
+FloatDtype float_dtype_of(const char* op, const char* name, const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kHalf: return FloatDtype::kFloat16;
+    case at::kBFloat16: return FloatDtype::kBFloat16;
+    case at::kFloat: return FloatDtype::kFloat32;
+    case at::kDouble: return FloatDtype::kFloat64;
+    default:
+      TORCH_CHECK(false, "baracuda::", op, ": ", name, ".dtype=", t.scalar_type(),
+                  " is not supported; use float16, bfloat16, float32 or float64");
+  }
+  return FloatDtype::kFloat32;
+}
+
 StorageSpan storage_span(int64_t storage_offset, at::IntArrayRef sizes,
                          at::IntArrayRef strides) {
   StorageSpan span{storage_offset, storage_offset};

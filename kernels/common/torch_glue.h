@@ -6,12 +6,17 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/DeviceGuard.h>
 
+#include "common/float_dtype.h"
 #include "common/status.h"
 
 namespace baracuda {
 
 // Raises "baracuda::<op>: <what> failed: <detail>" unless the status is ok.
 void check_status(const KernelStatus& status, const char* op, const char* what);
+
+// The kernels' dtype of tensor `name`, or "baracuda::<op>: <name>.dtype=... is
+// not supported" for anything but float16, bfloat16, float32 and float64.
+FloatDtype float_dtype_of(const char* op, const char* name, const at::Tensor& t);
 
 // A CUDA launcher's address in CUDA builds, nullptr otherwise, so that CPU
 // builds never reference the CUDA symbols.

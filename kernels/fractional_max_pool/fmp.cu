@@ -59,17 +59,6 @@ fmp_backward_kernel(FmpBackwardArgs a, DeviceSplit<DIMS, Index> split, Index tot
   }
 }
 
-template <typename Fn>
-KernelStatus dispatch_device(FmpDtype dtype, Fn&& fn) {
-  switch (dtype) {
-    case FmpDtype::kFloat16: return fn(__half{});
-    case FmpDtype::kBFloat16: return fn(__nv_bfloat16{});
-    case FmpDtype::kFloat32: return fn(float{});
-    case FmpDtype::kFloat64: return fn(double{});
-  }
-  return KernelStatus::invalid("unknown fractional_max_pool dtype");
-}
-
 // Launches kernel<T, Index> over `total` elements, 31-bit indices when they fit.
 template <typename Launch>
 KernelStatus over_elements(int64_t total, Launch&& launch) {
@@ -94,7 +83,7 @@ int64_t count(int64_t planes, int dims, const int64_t* sizes) {
 // Calls fn(dims constant, T value) for the geometry's rank and dtype.
 template <typename Fn>
 KernelStatus dispatch(const FmpGeometry& g, Fn&& fn) {
-  return dispatch_device(g.dtype, [&](auto t) {
+  return dispatch_float_dtype<__half, __nv_bfloat16>(g.dtype, [&](auto t) {
     if (g.dims == 2) return fn(std::integral_constant<int, 2>{}, t);
     if (g.dims == 3) return fn(std::integral_constant<int, 3>{}, t);
     return KernelStatus::invalid("fractional_max_pool: dims must be 2 or 3");

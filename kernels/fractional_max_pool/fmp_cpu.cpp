@@ -13,6 +13,10 @@
 namespace baracuda {
 namespace {
 
+// Compare / accumulate type: float64 for float64, float32 otherwise.
+template <typename T>
+using compute_of = std::conditional_t<std::is_same<T, double>::value, double, float>;
+
 template <int DIMS>
 using HostSplit = fmp::PlaneSplit<DIMS, int64_t, PlainDivider64>;
 
@@ -22,17 +26,6 @@ KernelStatus dispatch_dims(int dims, Fn&& fn) {
   if (dims == 2) return fn(std::integral_constant<int, 2>{});
   if (dims == 3) return fn(std::integral_constant<int, 3>{});
   return KernelStatus::invalid("fractional_max_pool: dims must be 2 or 3");
-}
-
-template <typename Fn>
-KernelStatus dispatch_host(FmpDtype dtype, Fn&& fn) {
-  switch (dtype) {
-    case FmpDtype::kFloat16: return fn(c10::Half{}, float{});
-    case FmpDtype::kBFloat16: return fn(c10::BFloat16{}, float{});
-    case FmpDtype::kFloat32: return fn(float{}, float{});
-    case FmpDtype::kFloat64: return fn(double{}, double{});
-  }
-  return KernelStatus::invalid("unknown fractional_max_pool dtype");
 }
 
 int64_t count(int64_t planes, int dims, const int64_t* sizes) {
@@ -48,9 +41,9 @@ KernelStatus fmp_forward_cpu(const FmpForwardArgs& a) {
   return dispatch_dims(a.g.dims, [&](auto dims_c) {
     constexpr int D = decltype(dims_c)::value;
     const HostSplit<D> split(a.g.out, a.g.channels);
-    return dispatch_host(a.g.dtype, [&](auto t, auto c) {
+    return dispatch_float_dtype<c10::Half, c10::BFloat16>(a.g.dtype, [&](auto t) {
       using T = decltype(t);
-      using C = decltype(c);
+      using C = compute_of<T>;
       for (int64_t i = 0; i < total; ++i) fmp::pool_one<D, 0, T, C, T, C>(a, split, i);
       return KernelStatus::ok();
     });
@@ -62,9 +55,9 @@ KernelStatus fmp_backward_cpu(const FmpBackwardArgs& a) {
   return dispatch_dims(a.g.dims, [&](auto dims_c) {
     constexpr int D = decltype(dims_c)::value;
     const HostSplit<D> split(a.g.in, a.g.channels);
-    return dispatch_host(a.g.dtype, [&](auto t, auto c) {
+    return dispatch_float_dtype<c10::Half, c10::BFloat16>(a.g.dtype, [&](auto t) {
       using T = decltype(t);
-      using C = decltype(c);
+      using C = compute_of<T>;
       const int64_t entries = fmp_cover_entries(a.g);
       for (int64_t i = 0; i < entries; ++i) fmp::cover_one<T, C>(a, i);
       for (int64_t i = 0; i < total; ++i) fmp::gather_one<D, T, C>(a, split, i);

@@ -12,14 +12,13 @@
 
 #include <cstdint>
 
+#include "common/float_dtype.h"
 #include "common/status.h"
 
 namespace baracuda {
 
-enum class FmpDtype : int { kFloat16, kBFloat16, kFloat32, kFloat64 };
-
 struct FmpGeometry {
-  FmpDtype dtype = FmpDtype::kFloat32;
+  FloatDtype dtype = FloatDtype::kFloat32;
   int dims = 2;
   bool even = false;        // placement "even" (the evenly spaced formula) vs "torch"
   int64_t batch = 0, channels = 0;

@@ -23,19 +23,6 @@
 namespace baracuda {
 namespace {
 
-FmpDtype dtype_of(const char* op, const at::Tensor& t, const char* name) {
-  switch (t.scalar_type()) {
-    case at::kHalf: return FmpDtype::kFloat16;
-    case at::kBFloat16: return FmpDtype::kBFloat16;
-    case at::kFloat: return FmpDtype::kFloat32;
-    case at::kDouble: return FmpDtype::kFloat64;
-    default:
-      TORCH_CHECK(false, "baracuda::", op, ": ", name, ".dtype=", t.scalar_type(),
-                  " is not supported; use float16, bfloat16, float32 or float64");
-  }
-  return FmpDtype::kFloat32;
-}
-
 bool parse_placement(const char* op, c10::string_view placement) {
   if (placement == "torch") return false;
   if (placement == "even") return true;
@@ -77,7 +64,7 @@ FmpGeometry geometry(const char* op, at::IntArrayRef full_in, at::IntArrayRef ke
   TORCH_CHECK(static_cast<int>(out_sizes.size()) == dims, "baracuda::", op, ": output_size=",
               out_sizes, " must have ", dims, " entries");
   FmpGeometry g;
-  g.dtype = dtype_of(op, like, "x");
+  g.dtype = float_dtype_of(op, "x", like);
   g.dims = dims;
   g.even = parse_placement(op, placement);
   g.batch = rank == dims + 2 ? full_in[0] : 1;

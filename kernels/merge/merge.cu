@@ -508,27 +508,16 @@ KernelStatus backward_typed(const MergeBackwardArgs& a, cudaStream_t stream) {
   });
 }
 
-template <typename Fn>
-KernelStatus dispatch_merge_dtype(MergeDtype dtype, Fn&& fn) {
-  switch (dtype) {
-    case MergeDtype::kFloat16: return fn(__half{});
-    case MergeDtype::kBFloat16: return fn(__nv_bfloat16{});
-    case MergeDtype::kFloat32: return fn(float{});
-    case MergeDtype::kFloat64: return fn(double{});
-  }
-  return KernelStatus::invalid("unknown merge dtype");
-}
-
 }  // namespace
 
 KernelStatus merge_forward_cuda(const MergeForwardArgs& a, void* stream) {
-  return dispatch_merge_dtype(a.dtype, [&](auto t) {
+  return dispatch_float_dtype<__half, __nv_bfloat16>(a.dtype, [&](auto t) {
     return forward_typed<decltype(t)>(a, static_cast<cudaStream_t>(stream));
   });
 }
 
 KernelStatus merge_backward_cuda(const MergeBackwardArgs& a, void* stream) {
-  return dispatch_merge_dtype(a.dtype, [&](auto t) {
+  return dispatch_float_dtype<__half, __nv_bfloat16>(a.dtype, [&](auto t) {
     return backward_typed<decltype(t)>(a, static_cast<cudaStream_t>(stream));
   });
 }

@@ -128,14 +128,14 @@ void backward(const MergeBackwardArgs& a) {
 }  // namespace
 
 KernelStatus merge_forward_cpu(const MergeForwardArgs& a) {
-  if (a.dtype == MergeDtype::kFloat32) { forward<float>(a); return KernelStatus::ok(); }
-  if (a.dtype == MergeDtype::kFloat64) { forward<double>(a); return KernelStatus::ok(); }
+  if (a.dtype == FloatDtype::kFloat32) { forward<float>(a); return KernelStatus::ok(); }
+  if (a.dtype == FloatDtype::kFloat64) { forward<double>(a); return KernelStatus::ok(); }
   return KernelStatus::invalid("the host merge takes float32 or float64 states");
 }
 
 KernelStatus merge_backward_cpu(const MergeBackwardArgs& a) {
-  if (a.dtype == MergeDtype::kFloat32) { backward<float>(a); return KernelStatus::ok(); }
-  if (a.dtype == MergeDtype::kFloat64) { backward<double>(a); return KernelStatus::ok(); }
+  if (a.dtype == FloatDtype::kFloat32) { backward<float>(a); return KernelStatus::ok(); }
+  if (a.dtype == FloatDtype::kFloat64) { backward<double>(a); return KernelStatus::ok(); }
   return KernelStatus::invalid("the host merge backward takes float32 or float64 states");
 }
 

@@ -14,12 +14,11 @@
 
 #include <cstdint>
 
+#include "common/float_dtype.h"
 #include "common/status.h"
 #include "common/strided_layout.h"
 
 namespace baracuda {
-
-enum class MergeDtype : int { kFloat16, kBFloat16, kFloat32, kFloat64 };
 
 // Offsets of every cell, per tensor, over the cell axes (all axes of v but
 // the head dim; for a stack, also without the stack axis), outermost first.
@@ -32,7 +31,7 @@ struct CellGrid {
 enum MergeForwardTensor { kFwV0, kFwV1, kFwS0, kFwS1, kFwVOut, kFwSOut, kFwCount };
 
 struct MergeForwardArgs {
-  MergeDtype dtype = MergeDtype::kFloat32;  // of v; s is float32 (float64 with float64 v)
+  FloatDtype dtype = FloatDtype::kFloat32;  // of v; s is float32 (float64 with float64 v)
   int64_t num_states = 2;
   int64_t head_dim = 0;
   // Pair form: state i is (v[i], s[i]). Stack form: state i is
@@ -63,7 +62,7 @@ enum MergeBackwardTensor {
 //   grad_s_i = p_i (grad_s + ln(b) (d_i - dbar))
 // States of weight 0 (empty) get zero gradients.
 struct MergeBackwardArgs {
-  MergeDtype dtype = MergeDtype::kFloat32;
+  FloatDtype dtype = FloatDtype::kFloat32;
   int64_t num_states = 2;
   int64_t head_dim = 0;
   bool stacked = false;

@@ -30,19 +30,6 @@ double log2_scale_of(const char* op, c10::string_view base) {
   return 0.0;
 }
 
-MergeDtype dtype_of(const char* op, const at::Tensor& v, const char* name = "v") {
-  switch (v.scalar_type()) {
-    case at::kHalf: return MergeDtype::kFloat16;
-    case at::kBFloat16: return MergeDtype::kBFloat16;
-    case at::kFloat: return MergeDtype::kFloat32;
-    case at::kDouble: return MergeDtype::kFloat64;
-    default:
-      TORCH_CHECK(false, "baracuda::", op, ": ", name, ".dtype=", v.scalar_type(),
-                  " is not supported; use float16, bfloat16, float32 or float64");
-  }
-  return MergeDtype::kFloat32;
-}
-
 at::ScalarType lse_dtype_for(at::ScalarType v) {
   return v == at::kDouble ? at::kDouble : at::kFloat;
 }
@@ -59,7 +46,7 @@ void check_state(const char* op, const char* v_name, const at::Tensor& v, const 
               v.sizes(), " must equal ", ref_v.sizes());
   TORCH_CHECK(v.scalar_type() == ref_v.scalar_type(), "baracuda::", op, ": ", v_name,
               ".dtype=", v.scalar_type(), " must equal ", ref_v.scalar_type());
-  dtype_of(op, v, v_name);
+  float_dtype_of(op, v_name, v);
   TORCH_CHECK(s.sizes() == v.sizes().slice(0, v.dim() - 1), "baracuda::", op, ": ", s_name,
               ".shape=", s.sizes(), " must be ", v_name, ".shape[:-1]=",
               v.sizes().slice(0, v.dim() - 1));
@@ -105,7 +92,7 @@ MergeForwardArgs pair_forward_args(const at::Tensor& v0, const at::Tensor& s0,
                                    const at::Tensor& v1, const at::Tensor& s1,
                                    const at::Tensor& vo, const at::Tensor& so, double k) {
   MergeForwardArgs a;
-  a.dtype = dtype_of("merge_state", v0);
+  a.dtype = float_dtype_of("merge_state", "v", v0);
   a.num_states = 2;
   a.head_dim = v0.size(-1);
   a.v[0] = v0.const_data_ptr();
@@ -133,7 +120,7 @@ MergeForwardArgs pair_forward_args(const at::Tensor& v0, const at::Tensor& s0,
 MergeForwardArgs stack_forward_args(const at::Tensor& v, const at::Tensor& s,
                                     const at::Tensor& vo, const at::Tensor& so, double k) {
   MergeForwardArgs a;
-  a.dtype = dtype_of("merge_states", v);
+  a.dtype = float_dtype_of("merge_states", "v", v);
   a.stacked = true;
   const int64_t n_axis_s = s.dim() - 2, n_axis_v = v.dim() - 3;
   a.num_states = s.size(n_axis_s);
@@ -183,7 +170,7 @@ std::tuple<at::Tensor, at::Tensor> merge_state(const at::Tensor& v_a, const at::
     const at::Tensor va = host_compute(v_a), vb = host_compute(v_b);
     at::Tensor vo_f = new_like(va, va.sizes(), va.scalar_type());
     MergeForwardArgs a = pair_forward_args(va, s_a, vb, s_b, vo_f, so, k);
-    a.dtype = MergeDtype::kFloat32;
+    a.dtype = FloatDtype::kFloat32;
     run_forward(op, a, v_a);
     vo.copy_(vo_f);
   } else {
@@ -224,7 +211,7 @@ void merge_state_(const at::Tensor& v, const at::Tensor& s, const at::Tensor& v_
     const at::Tensor vf = host_compute(v), vof = host_compute(v_other);
     run_forward(op, [&] {
       MergeForwardArgs a = pair_forward_args(vf, s, vof, s_other, vf, s, k);
-      a.dtype = MergeDtype::kFloat32;
+      a.dtype = FloatDtype::kFloat32;
       return a;
     }(), v);
     v.copy_(vf);
@@ -250,7 +237,7 @@ std::tuple<at::Tensor, at::Tensor> merge_states(const at::Tensor& v, const at::T
     const at::Tensor vf = host_compute(v);
     at::Tensor vo_f = new_like(vf, v_shape, vf.scalar_type());
     MergeForwardArgs a = stack_forward_args(vf, s, vo_f, so, k);
-    a.dtype = MergeDtype::kFloat32;
+    a.dtype = FloatDtype::kFloat32;
     run_forward(op, a, v);
     vo.copy_(vo_f);
   } else {
@@ -283,7 +270,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> merge_state_backward(
   at::Tensor gsb = new_like(s_a, s_a.sizes(), s_a.scalar_type());
 
   MergeBackwardArgs a;
-  a.dtype = dtype_of(op, v_a);
+  a.dtype = float_dtype_of(op, "v", v_a);
   a.num_states = 2;
   a.head_dim = v_a.size(-1);
   a.grad_v = grad_v.const_data_ptr();
@@ -352,7 +339,7 @@ std::tuple<at::Tensor, at::Tensor> merge_states_backward(
   at::Tensor gs = new_like(s, s.sizes(), s.scalar_type());
 
   MergeBackwardArgs a;
-  a.dtype = dtype_of(op, v);
+  a.dtype = float_dtype_of(op, "v", v);
   a.stacked = true;
   a.num_states = s.size(n_axis_s);
   a.head_dim = v.size(-1);

@@ -87,23 +87,16 @@ KernelStatus dispatch_scan(const Args& a, Run&& run) {
       return backward_for<T, Acc>(a, run);
     }
   };
-  switch (a.dtype) {
-    case ScanDtype::kFloat32: return go(float{}, Float32Acc{});
-    case ScanDtype::kFloat64: return go(double{}, double{});
-    case ScanDtype::kFloat16:
-      if constexpr (std::is_void<Half>::value) {
-        return KernelStatus::invalid("half types must be upcast before the host scan");
-      } else {
-        return go(Half{}, float{});
-      }
-    case ScanDtype::kBFloat16:
-      if constexpr (std::is_void<BFloat16>::value) {
-        return KernelStatus::invalid("half types must be upcast before the host scan");
-      } else {
-        return go(BFloat16{}, float{});
-      }
-  }
-  return KernelStatus::invalid("unknown scan dtype");
+  return dispatch_float_dtype<Half, BFloat16>(a.dtype, [&](auto storage) {
+    using T = decltype(storage);
+    if constexpr (std::is_same<T, double>::value) {
+      return go(double{}, double{});
+    } else if constexpr (std::is_same<T, float>::value) {
+      return go(float{}, Float32Acc{});
+    } else {
+      return go(T{}, float{});
+    }
+  });
 }
 
 }  // namespace scan

@@ -8,13 +8,12 @@
 
 #include <cstdint>
 
+#include "common/float_dtype.h"
 #include "common/status.h"
 
 namespace baracuda {
 
 enum class ScanKind : int { kCumsum, kCumprod, kLogcumsumexp, kCummax, kCummin };
-enum class ScanDtype : int { kFloat16, kBFloat16, kFloat32, kFloat64 };
-
 struct ScanShape {
   int64_t outer = 1;
   int64_t len = 0;
@@ -26,7 +25,7 @@ struct ScanShape {
 // first. cummax / cummin also write int64 indices (original coordinates).
 struct ScanForwardArgs {
   ScanKind kind = ScanKind::kCumsum;
-  ScanDtype dtype = ScanDtype::kFloat32;
+  FloatDtype dtype = FloatDtype::kFloat32;
   ScanShape shape;
   bool reverse = false;
   const void* x = nullptr;
@@ -45,7 +44,7 @@ struct ScanForwardArgs {
 //   cummax/min    indices    dx_i = sum of dy_j over the run idx_j == i
 struct ScanBackwardArgs {
   ScanKind kind = ScanKind::kCumsum;
-  ScanDtype dtype = ScanDtype::kFloat32;
+  FloatDtype dtype = FloatDtype::kFloat32;
   ScanShape shape;
   bool reverse = false;  // of the forward scan
   const void* dy = nullptr;

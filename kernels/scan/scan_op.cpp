@@ -43,20 +43,6 @@ ScanKind parse_kind(const char* op, c10::string_view kind) {
   return ScanKind::kCumsum;
 }
 
-ScanDtype dtype_of(const char* op, const char* name, const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kHalf: return ScanDtype::kFloat16;
-    case at::kBFloat16: return ScanDtype::kBFloat16;
-    case at::kFloat: return ScanDtype::kFloat32;
-    case at::kDouble: return ScanDtype::kFloat64;
-    default:
-      TORCH_CHECK(false, "baracuda::", op, ": ", name, ".dtype=", t.scalar_type(),
-                  " is not supported; use float16, bfloat16, float32 or float64 (cast "
-                  "integer and bool inputs to a float type first)");
-  }
-  return ScanDtype::kFloat32;
-}
-
 // The scan axis of `x` and the [outer, len, inner] view around it. A 0-d
 // tensor scans as one element along dim 0 / -1, as in torch.
 ScanShape scan_shape(const char* op, const at::Tensor& x, int64_t dim) {
@@ -98,7 +84,7 @@ Args launch_args(ScanKind kind, const char* op, const at::Tensor& data, const Sc
                  bool reverse, const at::Tensor& ws) {
   Args a;
   a.kind = kind;
-  a.dtype = dtype_of(op, "x", data);
+  a.dtype = float_dtype_of(op, "x", data);
   a.shape = s;
   a.reverse = reverse;
   a.workspace = ws.defined() ? ws.data_ptr() : nullptr;
@@ -111,7 +97,7 @@ std::tuple<at::Tensor, at::Tensor> forward(ScanKind kind, const at::Tensor& x, i
                                            bool reverse) {
   const char* op = kind_name(kind);
   const ScanShape s = scan_shape(op, x, dim);
-  dtype_of(op, "x", x);
+  float_dtype_of(op, "x", x);
   const bool with_indices = kind == ScanKind::kCummax || kind == ScanKind::kCummin;
   at::Tensor y = at::empty(x.sizes(), x.options());
   at::Tensor idx = with_indices ? at::empty(x.sizes(), x.options().dtype(at::kLong)) : at::Tensor();
@@ -173,7 +159,7 @@ at::Tensor scan_backward(const at::Tensor& grad, const c10::optional<at::Tensor>
   const char* op = "scan_backward";
   const ScanKind kind = parse_kind(op, kind_str);
   const ScanShape s = scan_shape(op, grad, dim);
-  dtype_of(op, "grad", grad);
+  float_dtype_of(op, "grad", grad);
   const bool uses_xy = kind == ScanKind::kCumprod || kind == ScanKind::kLogcumsumexp;
   const bool uses_idx = kind == ScanKind::kCummax || kind == ScanKind::kCummin;
   at::Tensor xs, ys, is;
