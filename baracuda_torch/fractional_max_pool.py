@@ -56,17 +56,23 @@ def _tuple(value, dims: int, name: str) -> Tuple:
     return value
 
 
-def _output_size(x: Tensor, dims: int, output_size, output_ratio) -> Tuple[int, ...]:
-    op = f"fractional_max_pool{dims}d"
+def check_size_arguments(who: str, dims: int, output_size, output_ratio) -> None:
+    """Exactly one of output_size / output_ratio, ratios inside (0, 1); shared
+    by the functions and the nn modules (which check at construction)."""
     if (output_size is None) == (output_ratio is None):
-        raise ValueError(f"{op}: give exactly one of output_size and output_ratio "
+        raise ValueError(f"{who}: give exactly one of output_size and output_ratio "
                          f"(got output_size={output_size}, output_ratio={output_ratio})")
+    if output_ratio is not None:
+        for r in _tuple(output_ratio, dims, "output_ratio"):
+            if not 0 < r < 1:
+                raise ValueError(f"{who}: output_ratio={output_ratio} must lie in (0, 1)")
+
+
+def _output_size(x: Tensor, dims: int, output_size, output_ratio) -> Tuple[int, ...]:
+    check_size_arguments(f"fractional_max_pool{dims}d", dims, output_size, output_ratio)
     if output_size is not None:
         return _tuple(output_size, dims, "output_size")
     ratio = _tuple(output_ratio, dims, "output_ratio")
-    for r in ratio:
-        if not 0 < r < 1:
-            raise ValueError(f"{op}: output_ratio={output_ratio} must lie in (0, 1)")
     spatial = x.shape[-dims:]
     return tuple(int(size * r) for size, r in zip(spatial, ratio))
 

@@ -3,7 +3,8 @@ constructor arguments."""
 
 import torch
 
-from .fractional_max_pool import fractional_max_pool2d, fractional_max_pool3d
+from .fractional_max_pool import (check_size_arguments, fractional_max_pool2d,
+                                  fractional_max_pool3d)
 
 
 class _FractionalMaxPoolNd(torch.nn.Module):
@@ -12,15 +13,8 @@ class _FractionalMaxPoolNd(torch.nn.Module):
     def __init__(self, kernel_size, output_size=None, output_ratio=None, return_indices=False,
                  _random_samples=None, *, placement="torch"):
         super().__init__()
-        if (output_size is None) == (output_ratio is None):
-            raise ValueError(f"FractionalMaxPool{self.dims}d: give exactly one of output_size "
-                             f"and output_ratio")
-        if output_ratio is not None:
-            ratios = (output_ratio,) * self.dims if isinstance(output_ratio, (int, float)) \
-                else tuple(output_ratio)
-            if not all(0 < r < 1 for r in ratios):
-                raise ValueError(f"FractionalMaxPool{self.dims}d: output_ratio={output_ratio} "
-                                 f"must lie in (0, 1)")
+        check_size_arguments(f"FractionalMaxPool{self.dims}d", self.dims, output_size,
+                             output_ratio)
         self.kernel_size = kernel_size
         self.output_size = output_size
         self.output_ratio = output_ratio

@@ -8,7 +8,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <type_traits>
 
 #include "common/compute_types.cuh"
 #include "common/cuda_launch.cuh"
@@ -73,27 +72,18 @@ KernelStatus over_elements(int64_t total, Launch&& launch) {
   return launch_status();
 }
 
-int64_t count(int64_t planes, int dims, const int64_t* sizes) {
-  int64_t n = planes;
-  for (int a = 0; a < dims; ++a) n *= sizes[a];
-  return n;
-}
-
-
 // Calls fn(dims constant, T value) for the geometry's rank and dtype.
 template <typename Fn>
 KernelStatus dispatch(const FmpGeometry& g, Fn&& fn) {
   return dispatch_float_dtype<__half, __nv_bfloat16>(g.dtype, [&](auto t) {
-    if (g.dims == 2) return fn(std::integral_constant<int, 2>{}, t);
-    if (g.dims == 3) return fn(std::integral_constant<int, 3>{}, t);
-    return KernelStatus::invalid("fractional_max_pool: dims must be 2 or 3");
+    return fmp_dispatch_dims(g.dims, [&](auto dims_c) { return fn(dims_c, t); });
   });
 }
 
 }  // namespace
 
 KernelStatus fmp_forward_cuda(const FmpForwardArgs& a, void* stream) {
-  const int64_t total = count(a.g.batch * a.g.channels, a.g.dims, a.g.out);
+  const int64_t total = fmp_elements(a.g, a.g.out);
   return dispatch(a.g, [&](auto dims_c, auto t) {
     constexpr int D = decltype(dims_c)::value;
     using T = decltype(t);
@@ -115,7 +105,7 @@ KernelStatus fmp_forward_cuda(const FmpForwardArgs& a, void* stream) {
 }
 
 KernelStatus fmp_backward_cuda(const FmpBackwardArgs& a, void* stream) {
-  const int64_t total = count(a.g.batch * a.g.channels, a.g.dims, a.g.in);
+  const int64_t total = fmp_elements(a.g, a.g.in);
   return dispatch(a.g, [&](auto dims_c, auto t) {
     constexpr int D = decltype(dims_c)::value;
     using T = decltype(t);

@@ -20,25 +20,11 @@ using compute_of = std::conditional_t<std::is_same<T, double>::value, double, fl
 template <int DIMS>
 using HostSplit = fmp::PlaneSplit<DIMS, int64_t, PlainDivider64>;
 
-// Calls fn(dims constant) for 2 or 3 spatial axes.
-template <typename Fn>
-KernelStatus dispatch_dims(int dims, Fn&& fn) {
-  if (dims == 2) return fn(std::integral_constant<int, 2>{});
-  if (dims == 3) return fn(std::integral_constant<int, 3>{});
-  return KernelStatus::invalid("fractional_max_pool: dims must be 2 or 3");
-}
-
-int64_t count(int64_t planes, int dims, const int64_t* sizes) {
-  int64_t n = planes;
-  for (int a = 0; a < dims; ++a) n *= sizes[a];
-  return n;
-}
-
 }  // namespace
 
 KernelStatus fmp_forward_cpu(const FmpForwardArgs& a) {
-  const int64_t total = count(a.g.batch * a.g.channels, a.g.dims, a.g.out);
-  return dispatch_dims(a.g.dims, [&](auto dims_c) {
+  const int64_t total = fmp_elements(a.g, a.g.out);
+  return fmp_dispatch_dims(a.g.dims, [&](auto dims_c) {
     constexpr int D = decltype(dims_c)::value;
     const HostSplit<D> split(a.g.out, a.g.channels);
     return dispatch_float_dtype<c10::Half, c10::BFloat16>(a.g.dtype, [&](auto t) {
@@ -51,8 +37,8 @@ KernelStatus fmp_forward_cpu(const FmpForwardArgs& a) {
 }
 
 KernelStatus fmp_backward_cpu(const FmpBackwardArgs& a) {
-  const int64_t total = count(a.g.batch * a.g.channels, a.g.dims, a.g.in);
-  return dispatch_dims(a.g.dims, [&](auto dims_c) {
+  const int64_t total = fmp_elements(a.g, a.g.in);
+  return fmp_dispatch_dims(a.g.dims, [&](auto dims_c) {
     constexpr int D = decltype(dims_c)::value;
     const HostSplit<D> split(a.g.in, a.g.channels);
     return dispatch_float_dtype<c10::Half, c10::BFloat16>(a.g.dtype, [&](auto t) {

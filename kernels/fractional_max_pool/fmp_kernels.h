@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/float_dtype.h"
 #include "common/status.h"
@@ -49,6 +50,21 @@ struct FmpBackwardArgs {
   // Scratch of 2 * N * C * sum(in) int32: the covering ranges (fmp_element.h).
   int32_t* cover = nullptr;
 };
+
+// Calls fn(dims constant) for 2 or 3 spatial axes.
+template <typename Fn>
+KernelStatus fmp_dispatch_dims(int dims, Fn&& fn) {
+  if (dims == 2) return fn(std::integral_constant<int, 2>{});
+  if (dims == 3) return fn(std::integral_constant<int, 3>{});
+  return KernelStatus::invalid("fractional_max_pool: dims must be 2 or 3");
+}
+
+// Elements of a contiguous [N, C, sizes...] array (sizes: g.in or g.out).
+inline int64_t fmp_elements(const FmpGeometry& g, const int64_t* sizes) {
+  int64_t n = g.batch * g.channels;
+  for (int a = 0; a < g.dims; ++a) n *= sizes[a];
+  return n;
+}
 
 // Elements of the backward's cover table.
 inline int64_t fmp_cover_entries(const FmpGeometry& g) {
