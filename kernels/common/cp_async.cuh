@@ -1,0 +1,26 @@
+// Asynchronous global -> shared copies (sm_80+): the data goes straight to
+// shared memory without passing through registers, so a thread can have many
+// copies in flight. No torch headers.
+#pragma once
+
+#include <cstdint>
+
+namespace baracuda {
+
+__device__ inline uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared; bytes beyond `valid` (0 or 16) are zero-filled.
+__device__ inline void cp_async16(void* dst, const void* src, bool valid = true) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(dst)),
+               "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ inline void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+}  // namespace baracuda
