@@ -186,6 +186,45 @@ def test_backward_matches_torch_and_is_deterministic(device, dtype, dims, rng):
     torch.testing.assert_close(g1.double(), ref.double(), atol=tol, rtol=tol)
 
 
+# Shapes chosen for the CUDA backward's paths: several bands per plane, windows
+# overlapping up to k deep (many slots), a row too wide for shared memory (the
+# plain gather), odd sizes; both placements.
+BACKWARD_CASES = [
+    (2, (2, 3, 150, 37), 3, (74, 18)),
+    (2, (1, 2, 40, 41), 5, (36, 37)),
+    (2, (1, 2, 61, 60), 4, (30, 29)),
+    (2, (1, 1, 6, 3000), (2, 5), (5, 2996)),
+    (3, (1, 2, 20, 64, 64), 2, (10, 32, 32)),
+    (3, (1, 2, 9, 13, 11), 3, (7, 8, 9)),
+    (3, (1, 1, 4, 100, 100), 3, (2, 49, 49)),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", BACKWARD_CASES, ids=lambda c: "x".join(map(str, c[1])))
+@pytest.mark.parametrize("placement", ["torch", "even"])
+def test_backward_matches_scatter_reference(device, dtype, case, placement, rng):
+    dims, shape, k, out_size = case
+    x, s = inputs(shape, dims, dtype, device, rng)
+    kernel = [k] * dims if isinstance(k, int) else list(k)
+    out, idx = torch.ops.baracuda.fractional_max_pool.default(x, kernel, out_size, s, placement)
+    # Gradient and indices with permuted strides: the kernel must follow them.
+    dy = torch.randn(out.shape, generator=rng).to(dtype).to(device)
+    dy_t = dy.transpose(-1, -2).contiguous().transpose(-1, -2)
+    idx_t = idx.transpose(-1, -2).contiguous().transpose(-1, -2)
+    poison_allocator(device, x.numel())
+    g = torch.ops.baracuda.fractional_max_pool_backward.default(dy_t, idx_t, s, list(shape),
+                                                                kernel, placement)
+    planes = math.prod(shape[:-dims])
+    ref = torch.zeros(planes, math.prod(shape[-dims:]), dtype=torch.float64)
+    ref.scatter_add_(1, idx.cpu().reshape(planes, -1), dy.double().cpu().reshape(planes, -1))
+    tol = {torch.float16: 2e-3, torch.bfloat16: 1e-2}.get(dtype, 1e-6)
+    torch.testing.assert_close(g.double().cpu(), ref.view(shape), atol=tol, rtol=tol)
+    again = torch.ops.baracuda.fractional_max_pool_backward.default(dy, idx, s, list(shape),
+                                                                    kernel, placement)
+    assert torch.equal(g, again)
+
+
 @pytest.mark.parametrize("dims", [2, 3])
 def test_opcheck_forward_and_backward(device, dims, rng):
     shape = (2, 3, 9, 8) if dims == 2 else (1, 2, 5, 6, 7)

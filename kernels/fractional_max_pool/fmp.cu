@@ -1,8 +1,11 @@
-// CUDA executors of fractional max pooling: one thread per output cell
-// (forward) or per input element (backward, a gather: no atomics, so the
-// gradient is deterministic), running the per-element code shared with the
-// host (fmp_element.h). Windows use float32 arithmetic (float64 for float64
-// inputs), as PyTorch's CUDA kernels do.
+// CUDA executors of fractional max pooling. Forward: 2-D over bands of output
+// rows staged in shared memory (fmp_row_forward.cuh), else one thread per
+// output cell. Backward (no atomics, so the gradient is deterministic): bands
+// of input rows where each element is written by the leader of the cells
+// naming it (fmp_band_backward.cuh), else one thread per input element
+// gathering over a cover table. The per-cell and per-element code is shared
+// with the host (fmp_element.h). Windows use float32 arithmetic (float64 for
+// float64 inputs), as PyTorch's CUDA kernels do.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -11,8 +14,10 @@
 
 #include "common/compute_types.cuh"
 #include "common/cuda_launch.cuh"
+#include "fractional_max_pool/fmp_band_backward.cuh"
 #include "fractional_max_pool/fmp_element.h"
 #include "fractional_max_pool/fmp_kernels.h"
+#include "fractional_max_pool/fmp_row_forward.cuh"
 
 namespace baracuda {
 namespace {
@@ -72,6 +77,22 @@ KernelStatus over_elements(int64_t total, Launch&& launch) {
   return launch_status();
 }
 
+// The 2-D forward over bands of output rows (fmp_row_forward.cuh).
+template <typename T>
+KernelStatus launch_row_forward(const FmpForwardArgs& a, const fmp::RowBandPlan& plan, int k,
+                                cudaStream_t s) {
+  const unsigned grid = static_cast<unsigned>(a.g.batch * a.g.channels * plan.bands_per_plane);
+  const size_t smem = plan.smem_bytes;
+  if (k == 2) {
+    fmp::fmp_row_forward_kernel<2, T><<<grid, fmp::kRowThreads, smem, s>>>(a, plan);
+  } else if (k == 3) {
+    fmp::fmp_row_forward_kernel<3, T><<<grid, fmp::kRowThreads, smem, s>>>(a, plan);
+  } else {
+    fmp::fmp_row_forward_kernel<0, T><<<grid, fmp::kRowThreads, smem, s>>>(a, plan);
+  }
+  return launch_status();
+}
+
 // Calls fn(dims constant, T value) for the geometry's rank and dtype.
 template <typename Fn>
 KernelStatus dispatch(const FmpGeometry& g, Fn&& fn) {
@@ -88,6 +109,12 @@ KernelStatus fmp_forward_cuda(const FmpForwardArgs& a, void* stream) {
     constexpr int D = decltype(dims_c)::value;
     using T = decltype(t);
     const int k = unrolled_kernel(a.g);
+    if constexpr (D == 2) {
+      fmp::RowBandPlan plan;
+      if (fmp::plan_row_bands(a, sizeof(T), plan)) {
+        return launch_row_forward<T>(a, plan, k, static_cast<cudaStream_t>(stream));
+      }
+    }
     return over_elements(total, [&](auto index_c, unsigned blocks, int threads) {
       using Index = decltype(index_c);
       const DeviceSplit<D, Index> split(a.g.out, a.g.channels);
@@ -110,6 +137,19 @@ KernelStatus fmp_backward_cuda(const FmpBackwardArgs& a, void* stream) {
     constexpr int D = decltype(dims_c)::value;
     using T = decltype(t);
     const auto s = static_cast<cudaStream_t>(stream);
+    fmp::BandPlan plan;
+    if (total > 0 && fmp::plan_bands(a.g, sizeof(compute_t<T>), plan)) {
+      const auto grid = static_cast<unsigned>(a.g.batch * a.g.channels * plan.bands_per_plane);
+      if (plan.staged) {
+        fmp::fmp_band_backward_kernel<D, true, T>
+            <<<grid, fmp::kBandThreads, plan.smem_bytes, s>>>(a, plan);
+      } else {
+        fmp::fmp_band_backward_kernel<D, false, T>
+            <<<grid, fmp::kBandThreads, plan.smem_bytes, s>>>(a, plan);
+      }
+      return launch_status();
+    }
+    // Planes too large for the band kernel: the per-element gather over a cover table.
     const int64_t entries = fmp_cover_entries(a.g);
     const KernelStatus cover = over_elements(entries, [&](auto, unsigned blocks, int threads) {
       fmp_cover_kernel<T><<<blocks, threads, 0, s>>>(a, entries);

@@ -48,9 +48,23 @@ struct PlaneSplit {
   }
 };
 
-// Max over the window of output cell `linear`. NaN wins (the last NaN of the
-// window, as torch), ties keep the first maximum, and a window of -inf keeps
-// its first element's index.
+// The running maximum of one window, visited in row-major order: NaN wins
+// (the last NaN of the window, as torch), ties keep the first maximum, and a
+// window of -inf keeps its first element's index.
+template <typename C>
+struct WindowMax {
+  C value = -static_cast<C>(INFINITY);
+  int64_t index;
+  BARACUDA_HOST_DEVICE explicit WindowMax(int64_t first) : index(first) {}
+  BARACUDA_HOST_DEVICE void consider(C v, int64_t at) {
+    if (v > value || v != v) {
+      value = v;
+      index = at;
+    }
+  }
+};
+
+// Max over the window of output cell `linear` (WindowMax's rules).
 // K > 0: every kernel extent is K (a compile-time constant, so the window's
 // loads are unrolled and issued together); K == 0: extents read from `a`.
 template <int DIMS, int K, typename T, typename C, typename A, typename S, typename Split,
@@ -74,8 +88,7 @@ BARACUDA_HOST_DEVICE inline void pool_one(const FmpForwardArgs& a, const Split& 
   int64_t n, c;
   split.batch_and_channel(static_cast<Index>(plane), n, c);
   const T* x = static_cast<const T*>(a.x) + n * a.x_stride_n + c * a.x_stride_c;
-  C best = -static_cast<C>(INFINITY);
-  int64_t best_index = (lo[0] * in[1] + lo[1]) * in[2] + lo[2];
+  WindowMax<C> best((lo[0] * in[1] + lo[1]) * in[2] + lo[2]);
   const int64_t ext_t = DIMS == 3 ? (K ? K : hi[0] - lo[0]) : 1;
   const int64_t ext_h = K ? K : hi[1] - lo[1], ext_w = K ? K : hi[2] - lo[2];
   const T* corner = x + lo[0] * st[0] + lo[1] * st[1] + lo[2] * st[2];
@@ -86,16 +99,13 @@ BARACUDA_HOST_DEVICE inline void pool_one(const FmpForwardArgs& a, const Split& 
       const T* row = corner + dt * st[0] + dh * st[1];
 #pragma unroll
       for (int64_t dw = 0; dw < ext_w; ++dw) {
-        const C v = to_acc<C>(row[dw * st[2]]);
-        if (v > best || v != v) {
-          best = v;
-          best_index = ((lo[0] + dt) * in[1] + lo[1] + dh) * in[2] + lo[2] + dw;
-        }
+        best.consider(to_acc<C>(row[dw * st[2]]),
+                      ((lo[0] + dt) * in[1] + lo[1] + dh) * in[2] + lo[2] + dw);
       }
     }
   }
-  static_cast<T*>(a.out)[linear] = from_acc<T>(best);
-  a.indices[linear] = best_index;
+  static_cast<T*>(a.out)[linear] = from_acc<T>(best.value);
+  a.indices[linear] = best.index;
 }
 
 // Covering ranges, computed once per (plane, axis, position) rather than

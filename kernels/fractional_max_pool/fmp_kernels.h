@@ -5,9 +5,9 @@
 // [start_a(o), start_a(o) + k_a), where start_a comes from the plane's sample
 // for that axis (fmp_windows.h). Output and indices are contiguous
 // [N, C, out...]; an index is the flat position inside its input plane, as
-// torch's are. The backward gathers (no atomics): every input element sums the
-// gradients of the output cells whose window covers it and whose index names
-// it, in a fixed order, so it is deterministic.
+// torch's are. The backward uses no atomics: every input element gets the sum
+// of the gradients of the output cells whose window covers it and whose index
+// names it, added in output order, so it is deterministic.
 #pragma once
 
 #include <cstdint>
