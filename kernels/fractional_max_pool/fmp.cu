@@ -131,6 +131,21 @@ KernelStatus fmp_forward_cuda(const FmpForwardArgs& a, void* stream) {
   });
 }
 
+namespace {
+
+// The band decomposition of the backward, if its kernel applies.
+bool backward_band_plan(const FmpGeometry& g, fmp::BandPlan& plan) {
+  const size_t compute_bytes = g.dtype == FloatDtype::kFloat64 ? sizeof(double) : sizeof(float);
+  return fmp_elements(g, g.in) > 0 && fmp::plan_bands(g, compute_bytes, plan);
+}
+
+}  // namespace
+
+int64_t fmp_backward_cover_entries_cuda(const FmpGeometry& g) {
+  fmp::BandPlan plan;
+  return backward_band_plan(g, plan) ? 0 : fmp_cover_entries(g);
+}
+
 KernelStatus fmp_backward_cuda(const FmpBackwardArgs& a, void* stream) {
   const int64_t total = fmp_elements(a.g, a.g.in);
   return dispatch(a.g, [&](auto dims_c, auto t) {
@@ -138,7 +153,7 @@ KernelStatus fmp_backward_cuda(const FmpBackwardArgs& a, void* stream) {
     using T = decltype(t);
     const auto s = static_cast<cudaStream_t>(stream);
     fmp::BandPlan plan;
-    if (total > 0 && fmp::plan_bands(a.g, sizeof(compute_t<T>), plan)) {
+    if (backward_band_plan(a.g, plan)) {
       const auto grid = static_cast<unsigned>(a.g.batch * a.g.channels * plan.bands_per_plane);
       if (plan.staged) {
         fmp::fmp_band_backward_kernel<D, true, T>

@@ -80,8 +80,7 @@ BARACUDA_HOST_DEVICE inline BandSmem band_smem(int64_t rows, int64_t inner_in, i
 // (Should rounding ever beat this, the block leaves its cells in global memory.)
 inline int64_t band_out_rows_bound(const FmpGeometry& g, int64_t rows) {
   if (g.out[0] <= 1) return 1;
-  const double step =
-      static_cast<double>(g.in[0] - g.kernel[0]) / static_cast<double>(g.out[0] - 1);
+  const double step = window_step(g.in[0], g.out[0], g.kernel[0]);
   const int64_t min_step = std::max<int64_t>(1, static_cast<int64_t>(std::floor(step)));
   return std::min<int64_t>(g.out[0], (rows + g.kernel[0] - 1) / min_step + 2);
 }
@@ -111,8 +110,7 @@ inline bool plan_bands(const FmpGeometry& g, size_t compute_bytes, BandPlan& p) 
   bool overlap = false;
   for (int ax = 0; ax < g.dims; ++ax) {
     if (g.out[ax] <= 1) continue;
-    const double step =
-        static_cast<double>(g.in[ax] - g.kernel[ax]) / static_cast<double>(g.out[ax] - 1);
+    const double step = window_step(g.in[ax], g.out[ax], g.kernel[ax]);
     overlap = overlap || static_cast<double>(g.kernel[ax]) > std::floor(step);
   }
   // Most rows with everything staged; else accumulators only; else nothing.

@@ -47,7 +47,8 @@ struct FmpBackwardArgs {
   const int64_t* indices = nullptr;
   int64_t ix_stride_n = 0, ix_stride_c = 0, ix_stride[3] = {};
   void* grad_in = nullptr;      // contiguous [N, C, in...]
-  // Scratch of 2 * N * C * sum(in) int32: the covering ranges (fmp_element.h).
+  // Scratch of 2 * N * C * sum(in) int32, the covering ranges (fmp_element.h);
+  // on CUDA only as many as fmp_backward_cover_entries_cuda asks for.
   int32_t* cover = nullptr;
 };
 
@@ -72,6 +73,10 @@ inline int64_t fmp_cover_entries(const FmpGeometry& g) {
   for (int a = 0; a < g.dims; ++a) sum_in += g.in[a];
   return g.batch * g.channels * sum_in;
 }
+
+// Cover-table entries the CUDA backward needs (args.cover): none when its
+// band kernel applies, which works the ranges out in shared memory.
+int64_t fmp_backward_cover_entries_cuda(const FmpGeometry& g);
 
 KernelStatus fmp_forward_cuda(const FmpForwardArgs& args, void* stream);
 KernelStatus fmp_backward_cuda(const FmpBackwardArgs& args, void* stream);

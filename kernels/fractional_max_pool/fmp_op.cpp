@@ -178,7 +178,11 @@ at::Tensor fractional_max_pool_backward(const at::Tensor& grad_out, const at::Te
   a.indices = indices.data_ptr<int64_t>();
   plane_strides(indices, dims, a.ix_stride_n, a.ix_stride_c, a.ix_stride);
   a.grad_in = grad_in.data_ptr();
-  at::Tensor cover = at::empty({2 * fmp_cover_entries(g)}, grad_out.options().dtype(at::kInt));
+  int64_t cover_entries = fmp_cover_entries(g);
+#ifdef BARACUDA_WITH_CUDA
+  if (grad_out.is_cuda()) cover_entries = fmp_backward_cover_entries_cuda(g);
+#endif
+  at::Tensor cover = at::empty({2 * cover_entries}, grad_out.options().dtype(at::kInt));
   a.cover = cover.data_ptr<int32_t>();
   run_on_device<FmpBackwardArgs>(op, "backward", a, grad_out, &fmp_backward_cpu,
                                  BARACUDA_CUDA_ONLY(&fmp_backward_cuda));

@@ -55,8 +55,7 @@ inline bool plan_row_bands(const FmpForwardArgs& a, size_t elem_bytes, RowBandPl
   // Consecutive window starts differ by at most floor(step) + 1, the last one
   // by up to one more; one more still covers rounding of the placement. (A
   // band whose rows spread wider anyway is pooled in pieces.)
-  const double step = out_h > 1 ? static_cast<double>(in_h - g.kernel[0]) /
-                                      static_cast<double>(out_h - 1) : 0.0;
+  const double step = window_step(in_h, out_h, g.kernel[0]);
   const int64_t max_step = static_cast<int64_t>(std::floor(step)) + 2;
   for (int64_t rows_out = std::min<int64_t>(kRowBandMaxOutRows, out_h); rows_out >= 1; --rows_out) {
     const int64_t bands = ceil_div(out_h, rows_out);

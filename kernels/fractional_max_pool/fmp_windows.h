@@ -52,6 +52,12 @@ BARACUDA_HOST_DEVICE inline int64_t even_start(double u, int64_t o, int64_t in, 
   return s < 0 ? 0 : (s > span ? span : s);
 }
 
+// The mean distance between consecutive window starts, (in - k) / (out - 1)
+// (0 for a single window): the planners and the window search estimate from it.
+BARACUDA_HOST_DEVICE inline double window_step(int64_t in, int64_t out, int64_t k) {
+  return out > 1 ? static_cast<double>(in - k) / static_cast<double>(out - 1) : 0.0;
+}
+
 // The window starts of one plane along one axis. A: the torch placement's
 // arithmetic; S: the stored sample type (float or double).
 template <typename A>
@@ -87,8 +93,7 @@ struct AxisWindows {
   BARACUDA_HOST_DEVICE void covering(int64_t p, int64_t& first, int64_t& last) const {
     int64_t o = 0;
     if (out > 1 && in > k) {
-      const double step = static_cast<double>(in - k) / static_cast<double>(out - 1);
-      o = static_cast<int64_t>(static_cast<double>(p - k + 1) / step);
+      o = static_cast<int64_t>(static_cast<double>(p - k + 1) / window_step(in, out, k));
       o = o < 0 ? 0 : (o > out - 1 ? out - 1 : o);
     }
     while (o > 0 && start(o - 1) + k > p) --o;   // first o with start(o) + k > p
