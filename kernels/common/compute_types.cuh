@@ -24,4 +24,11 @@ template <> __device__ inline __nv_bfloat16 from_compute<__nv_bfloat16>(float x)
 template <> __device__ inline float from_compute<float>(float x) { return x; }
 template <> __device__ inline double from_compute<double>(double x) { return x; }
 
+// VEC consecutive elements, moved as one access when VEC > 1 (the address
+// must then be aligned to the pack's size).
+template <typename T, int VEC>
+struct alignas(sizeof(T) * VEC) Pack {
+  T x[VEC];
+};
+
 }  // namespace baracuda

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "common/int_divider.h"
@@ -21,6 +22,19 @@ inline KernelStatus to_status(cudaError_t err) {
 inline KernelStatus launch_status() { return to_status(cudaGetLastError()); }
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Blocks for a kernel that walks `work` items with a block-stride loop: as
+// many as the current device holds at once (so none waits for a free SM), and
+// never more than there are items.
+template <typename Kernel>
+inline unsigned resident_blocks(Kernel kernel, int threads, size_t smem_bytes, int64_t work) {
+  int device = 0, sms = 1, per_sm = 1;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem_bytes);
+  const int64_t resident = int64_t{std::max(sms, 1)} * std::max(per_sm, 1);
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min(work, resident)));
+}
 
 template <typename Index>
 struct DividerFor;

@@ -24,12 +24,6 @@ namespace {
 // LSE storage: float32, except float64 with float64 states.
 template <typename T> using lse_t = compute_t<T>;
 
-// VEC consecutive elements, moved as one access when VEC > 1.
-template <typename T, int VEC>
-struct alignas(sizeof(T) * VEC) Pack {
-  T x[VEC];
-};
-
 // Chunk `chunk` of a head_dim vector at storage width: a lane holding several
 // loads in flight keeps them unconverted (half the registers for 16-bit
 // types, and registers decide occupancy here). VEC == 1 follows `stride`.
