@@ -81,14 +81,21 @@ KernelStatus over_elements(int64_t total, Launch&& launch) {
 template <typename T>
 KernelStatus launch_row_forward(const FmpForwardArgs& a, const fmp::RowBandPlan& plan, int k,
                                 cudaStream_t s) {
-  const unsigned grid = static_cast<unsigned>(a.g.batch * a.g.channels * plan.bands_per_plane);
-  const size_t smem = plan.smem_bytes;
+  if (plan.bands == 0) return KernelStatus::ok();
+  auto launch = [&](auto kernel) {
+    if (plan.smem_bytes > 48 * 1024) {
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(plan.smem_bytes));
+    }
+    const unsigned grid = resident_blocks(kernel, fmp::kRowThreads, plan.smem_bytes, plan.bands);
+    kernel<<<grid, fmp::kRowThreads, plan.smem_bytes, s>>>(a, plan);
+  };
   if (k == 2) {
-    fmp::fmp_row_forward_kernel<2, T><<<grid, fmp::kRowThreads, smem, s>>>(a, plan);
+    launch(fmp::fmp_row_forward_kernel<2, T>);
   } else if (k == 3) {
-    fmp::fmp_row_forward_kernel<3, T><<<grid, fmp::kRowThreads, smem, s>>>(a, plan);
+    launch(fmp::fmp_row_forward_kernel<3, T>);
   } else {
-    fmp::fmp_row_forward_kernel<0, T><<<grid, fmp::kRowThreads, smem, s>>>(a, plan);
+    launch(fmp::fmp_row_forward_kernel<0, T>);
   }
   return launch_status();
 }

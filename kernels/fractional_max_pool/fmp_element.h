@@ -50,13 +50,14 @@ struct PlaneSplit {
 
 // The running maximum of one window, visited in row-major order: NaN wins
 // (the last NaN of the window, as torch), ties keep the first maximum, and a
-// window of -inf keeps its first element's index.
-template <typename C>
+// window of -inf keeps its first element's index. I: the index type (int
+// where the caller knows the plane has 31-bit offsets).
+template <typename C, typename I = int64_t>
 struct WindowMax {
   C value = -static_cast<C>(INFINITY);
-  int64_t index;
-  BARACUDA_HOST_DEVICE explicit WindowMax(int64_t first) : index(first) {}
-  BARACUDA_HOST_DEVICE void consider(C v, int64_t at) {
+  I index;
+  BARACUDA_HOST_DEVICE explicit WindowMax(I first) : index(first) {}
+  BARACUDA_HOST_DEVICE void consider(C v, I at) {
     if (v > value || v != v) {
       value = v;
       index = at;

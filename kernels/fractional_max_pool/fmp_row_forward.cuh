@@ -8,6 +8,14 @@
 // output column), copies the input rows those windows span into shared
 // memory (16-byte asynchronous copies when rows are contiguous and aligned),
 // and then pools every cell of the band from there.
+//
+// The grid is only as large as the GPU holds at once, and each block walks
+// its share of the bands with kRowStages tiles: while it pools one band, the
+// copies of its next band are already in flight, so a block never idles
+// between loading and pooling. Instruction issue is nearly as tight as
+// memory here, so per-band work is kept small: window starts are placed once
+// per band, a band that fits its tile skips the piece search, and each
+// thread pools a fixed output column (no division per cell).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -28,43 +36,57 @@ namespace fmp {
 
 struct RowBandPlan {
   int64_t bands_per_plane = 0;
+  int64_t bands = 0;       // in all planes
   int band_out_rows = 0;   // output rows per block (the last band may be short)
   int tile_rows = 0;       // input rows the tile holds (at least k)
   bool vector_rows = false;  // rows contiguous and 16-byte aligned: copy 16 bytes at a time
-  IntDivider div_in_w, div_out_w, div_row_vectors;
+  bool dense_rows = false;   // ... and back to back, so a run of rows is one run of vectors
+  IntDivider div_in_w, div_out_w, div_row_vectors, div_bands_per_plane;
   size_t smem_bytes = 0;
 };
 
 constexpr int kRowThreads = 256;
-constexpr size_t kRowTileBudget = 24 * 1024;  // small enough for several blocks per SM
+constexpr int kRowStages = 2;  // bands in flight per block: one pooled, the others loading
+constexpr size_t kRowSmemBudget = 44 * 1024;  // all stages: four blocks per SM
 constexpr int kRowBandMaxOutRows = 16;
 
-// The window starts (one per output column, one per band row) come first in
-// shared memory, padded to 16 bytes so that the tile after them is aligned.
-BARACUDA_HOST_DEVICE inline size_t row_band_starts_bytes(int64_t out_w, int64_t band_out_rows) {
-  return sizeof(int) * static_cast<size_t>((out_w + band_out_rows + 3) / 4 * 4);
+// Shared memory of a block, per stage: the window starts (one per output
+// column, one per band row), then the tiles of input rows, each padded to 16
+// bytes so that the tiles are aligned.
+struct RowBandSmem {
+  size_t starts = 0, tile = 0;
+  BARACUDA_HOST_DEVICE size_t total() const { return kRowStages * (starts + tile); }
+};
+
+BARACUDA_HOST_DEVICE inline RowBandSmem row_band_smem(int64_t out_w, int64_t band_out_rows,
+                                                      int64_t tile_rows, int64_t in_w,
+                                                      size_t elem_bytes) {
+  RowBandSmem m;
+  m.starts = sizeof(int) * static_cast<size_t>((out_w + band_out_rows + 3) / 4 * 4);
+  m.tile = (static_cast<size_t>(tile_rows * in_w) * elem_bytes + 15) / 16 * 16;
+  return m;
 }
 
 // False when the row kernel does not apply (3-D, planes past 31-bit offsets,
-// or rows too wide for the tile); the caller then runs the per-cell kernel.
+// or rows too wide for the tiles); the caller then runs the per-cell kernel.
 inline bool plan_row_bands(const FmpForwardArgs& a, size_t elem_bytes, RowBandPlan& p) {
   const FmpGeometry& g = a.g;
   if (g.dims != 2) return false;
   const int64_t in_h = g.in[0], in_w = g.in[1], out_h = g.out[0], out_w = g.out[1];
   if (in_h * in_w >= (int64_t{1} << 31) || out_h * out_w >= (int64_t{1} << 31)) return false;
-  // Consecutive window starts differ by at most floor(step) + 1, the last one
-  // by up to one more; one more still covers rounding of the placement. (A
-  // band whose rows spread wider anyway is pooled in pieces.)
+  // m + 1 consecutive window starts span at most ceil(m * step) rows, one
+  // more for the rounding of the placement (the last start only sits
+  // closer). A band whose rows spread wider anyway is pooled in pieces.
   const double step = window_step(in_h, out_h, g.kernel[0]);
-  const int64_t max_step = static_cast<int64_t>(std::floor(step)) + 2;
   for (int64_t rows_out = std::min<int64_t>(kRowBandMaxOutRows, out_h); rows_out >= 1; --rows_out) {
     const int64_t bands = ceil_div(out_h, rows_out);
     const int64_t even_rows = ceil_div(out_h, bands);  // equal bands, same count
-    const int64_t tile_rows = std::min<int64_t>(in_h, (even_rows - 1) * max_step + g.kernel[0]);
-    const size_t bytes = row_band_starts_bytes(out_w, even_rows) +
-                         static_cast<size_t>(tile_rows * in_w) * elem_bytes;
-    if (bytes > kRowTileBudget) continue;
-    if (g.batch * g.channels * bands >= (int64_t{1} << 31)) return false;
+    const int64_t spread = static_cast<int64_t>(std::ceil(static_cast<double>(even_rows - 1) * step));
+    const int64_t tile_rows = std::min<int64_t>(in_h, spread + 1 + g.kernel[0]);
+    const RowBandSmem smem = row_band_smem(out_w, even_rows, tile_rows, in_w, elem_bytes);
+    if (smem.total() > kRowSmemBudget) continue;
+    p.bands = g.batch * g.channels * bands;
+    if (p.bands >= (int64_t{1} << 31)) return false;
     p.bands_per_plane = bands;
     p.band_out_rows = static_cast<int>(even_rows);
     p.tile_rows = static_cast<int>(tile_rows);
@@ -75,31 +97,39 @@ inline bool plan_row_bands(const FmpForwardArgs& a, size_t elem_bytes, RowBandPl
                     aligned(a.x_stride[0], elem_bytes) && aligned(a.x_stride_n, elem_bytes) &&
                     aligned(a.x_stride_c, elem_bytes) &&
                     reinterpret_cast<uintptr_t>(a.x) % 16 == 0;
+    p.dense_rows = p.vector_rows && a.x_stride[0] == in_w;
     p.div_in_w = IntDivider(static_cast<uint32_t>(in_w));
     p.div_out_w = IntDivider(static_cast<uint32_t>(out_w));
+    p.div_bands_per_plane = IntDivider(static_cast<uint32_t>(bands));
     p.div_row_vectors = IntDivider(static_cast<uint32_t>(std::max<int64_t>(1, in_w * elem_bytes / 16)));
-    p.smem_bytes = bytes;
+    p.smem_bytes = smem.total();
     return true;
   }
   return false;
 }
 
-// Copies input rows [r_lo, r_lo + rows) of a plane into the tile.
+// Starts copying input rows [r_lo, r_lo + rows) of a plane into the tile:
+// asynchronously (the caller commits and waits) when rows are vector-aligned,
+// else with plain loads that are done on return.
 template <typename T>
-__device__ inline void load_rows(const FmpForwardArgs& a, const RowBandPlan& p, const T* x_plane,
+__device__ inline void copy_rows(const FmpForwardArgs& a, const RowBandPlan& p, const T* x_plane,
                                  int r_lo, int rows, T* tile) {
   const int in_w = static_cast<int>(a.g.in[1]);
   const T* x = x_plane + static_cast<int64_t>(r_lo) * a.x_stride[0];
   if (p.vector_rows) {
     constexpr int kPerVector = 16 / sizeof(T);
     const int vectors = rows * static_cast<int>(p.div_row_vectors.divisor);
+    if (p.dense_rows) {
+      for (int v = threadIdx.x; v < vectors; v += blockDim.x) {
+        cp_async16(tile + v * kPerVector, x + v * kPerVector);
+      }
+      return;
+    }
     for (int v = threadIdx.x; v < vectors; v += blockDim.x) {
       const int r = static_cast<int>(p.div_row_vectors.div(static_cast<uint32_t>(v)));
       const int col = (v - r * static_cast<int>(p.div_row_vectors.divisor)) * kPerVector;
       cp_async16(tile + r * in_w + col, x + r * a.x_stride[0] + col);
     }
-    cp_async_commit();
-    cp_async_wait<0>();
     return;
   }
   const int elems = rows * in_w;
@@ -122,63 +152,154 @@ __device__ inline void load_rows(const FmpForwardArgs& a, const RowBandPlan& p, 
   }
 }
 
+// One band of output rows: its plane and its rows [o_lo, o_lo + o_rows).
+struct RowBand {
+  int plane, o_lo, o_rows;
+};
+
+__device__ inline RowBand locate_band(const RowBandPlan& p, int band, int out_h) {
+  RowBand b;
+  b.plane = static_cast<int>(p.div_bands_per_plane.div(static_cast<uint32_t>(band)));
+  b.o_lo = (band - b.plane * static_cast<int>(p.bands_per_plane)) * p.band_out_rows;
+  b.o_rows = min(p.band_out_rows, out_h - b.o_lo);
+  return b;
+}
+
+template <typename T>
+__device__ inline const T* plane_input(const FmpForwardArgs& a, int64_t plane) {
+  const int64_t n = plane / a.g.channels, c = plane - n * a.g.channels;
+  return static_cast<const T*>(a.x) + n * a.x_stride_n + c * a.x_stride_c;
+}
+
 template <int K, typename T>
-__global__ void __launch_bounds__(kRowThreads, 8)
+__global__ void __launch_bounds__(kRowThreads, 4)
 fmp_row_forward_kernel(FmpForwardArgs a, RowBandPlan p) {
   using C = compute_t<T>;
   const FmpGeometry& g = a.g;
   const int in_w = static_cast<int>(g.in[1]), out_w = static_cast<int>(g.out[1]);
+  const int out_h = static_cast<int>(g.out[0]);
   const int kh = K ? K : static_cast<int>(g.kernel[0]), kw = K ? K : static_cast<int>(g.kernel[1]);
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  int* start_w = reinterpret_cast<int*>(smem_raw);
-  int* start_h = start_w + out_w;
-  T* tile = reinterpret_cast<T*>(smem_raw + row_band_starts_bytes(out_w, p.band_out_rows));
-
-  const int64_t plane = blockIdx.x / p.bands_per_plane;
-  const int o_lo = static_cast<int>((blockIdx.x - plane * p.bands_per_plane) * p.band_out_rows);
-  const int o_rows = min(p.band_out_rows, static_cast<int>(g.out[0]) - o_lo);
-  {
+  const RowBandSmem layout = row_band_smem(out_w, p.band_out_rows, p.tile_rows, in_w, sizeof(T));
+  const int starts_bytes = static_cast<int>(layout.starts), tile_bytes = static_cast<int>(layout.tile);
+  // Buffer b: its starts (columns, then band rows) and its tile.
+  auto starts_of = [&](int b) { return reinterpret_cast<int*>(smem_raw + b * starts_bytes); };
+  auto tile_of = [&](int b) {
+    return reinterpret_cast<T*>(smem_raw + kRowStages * starts_bytes + b * tile_bytes);
+  };
+  // The band's window starts, one axis at a time (the window arithmetic is
+  // register-hungry).
+  auto place_windows = [&](const RowBand& band, int b) {
     const C* samples = static_cast<const C*>(g.samples);
-    const AxisWindows<C> wh(g, samples, plane, 0), ww(g, samples, plane, 1);
-    for (int i = threadIdx.x; i < out_w + o_rows; i += blockDim.x) {
-      if (i < out_w) {
-        start_w[i] = static_cast<int>(ww.start(i));
-      } else {
-        start_h[i - out_w] = static_cast<int>(wh.start(o_lo + i - out_w));
+    int* starts = starts_of(b);
+    if (threadIdx.x < out_w) {
+      const AxisWindows<C> ww(g, samples, band.plane, 1);
+      for (int i = threadIdx.x; i < out_w; i += blockDim.x) starts[i] = static_cast<int>(ww.start(i));
+    }
+    if (threadIdx.x < band.o_rows) {
+      const AxisWindows<C> wh(g, samples, band.plane, 0);
+      for (int i = threadIdx.x; i < band.o_rows; i += blockDim.x) {
+        starts[out_w + i] = static_cast<int>(wh.start(band.o_lo + i));
       }
     }
+  };
+  // Starts copying the input rows of the band's first piece (normally the
+  // whole band; see the pooling loop) into tile b. Its starts must be visible.
+  auto copy_band = [&](const RowBand& band, int b) {
+    const int* start_h = starts_of(b) + out_w;
+    const int r_lo = start_h[0], r_end = start_h[band.o_rows - 1] + kh;
+    copy_rows<T>(a, p, plane_input<T>(a, band.plane), r_lo, min(r_end - r_lo, p.tile_rows),
+                 tile_of(b));
+    cp_async_commit();
+  };
+  // Each thread keeps one output column (and pools every rows_per_pass-th
+  // row) while a row fits the block, so the cell's position needs no division.
+  const int rows_per_pass = max(1, static_cast<int>(blockDim.x) / out_w);
+  const int my_row = out_w <= static_cast<int>(blockDim.x)
+                         ? static_cast<int>(p.div_out_w.div(threadIdx.x)) : 0;
+  const int my_col = static_cast<int>(threadIdx.x) - my_row * out_w;
+  // Pools output rows [oa, ob) of the band from a tile that starts at input row r_lo.
+  auto pool = [&](const RowBand& band, int b, int r_lo, int oa, int ob) {
+    const int* start_w = starts_of(b);
+    const int* start_h = start_w + out_w;
+    const T* tile = tile_of(b);
+    const int64_t out_base = (static_cast<int64_t>(band.plane) * out_h + band.o_lo) * out_w;
+    T* out = static_cast<T*>(a.out) + out_base;
+    int64_t* indices = a.indices + out_base;
+    if (my_row >= rows_per_pass) return;
+    for (int oh = oa + my_row; oh < ob; oh += rows_per_pass) {
+      const int h0 = start_h[oh];
+      for (int ow = my_col; ow < out_w; ow += blockDim.x) {
+        const int w0 = start_w[ow];
+        const T* corner = tile + (h0 - r_lo) * in_w + w0;
+        WindowMax<C, int> best(h0 * in_w + w0);
+#pragma unroll
+        for (int dh = 0; dh < kh; ++dh) {
+#pragma unroll
+          for (int dw = 0; dw < kw; ++dw) {
+            best.consider(to_compute(corner[dh * in_w + dw]), (h0 + dh) * in_w + w0 + dw);
+          }
+        }
+        out[oh * out_w + ow] = from_compute<T>(best.value);
+        indices[oh * out_w + ow] = best.index;
+      }
+    }
+  };
+
+  // A band's windows are placed kRowStages - 1 iterations ahead and its rows
+  // copied from the next iteration on, while the bands before it are pooled.
+  // Buffers rotate; a buffer is refilled only after the barrier that ends
+  // the pooling that read it. Each iteration commits one copy group (maybe
+  // empty), so waiting for all but the newest kRowStages - 2 finds this
+  // band's rows.
+  const int bands = static_cast<int>(p.bands);  // < 2^31 (plan_row_bands)
+  auto band_at = [&](int s) { return blockIdx.x + int64_t{s} * gridDim.x; };
+  for (int s = 0; s < kRowStages - 1; ++s) {
+    if (band_at(s) < bands) place_windows(locate_band(p, static_cast<int>(band_at(s)), out_h), s);
   }
   __syncthreads();
-  const int64_t n = plane / g.channels, c = plane - n * g.channels;
-  const T* x_plane = static_cast<const T*>(a.x) + n * a.x_stride_n + c * a.x_stride_c;
-  const int64_t out_base = plane * g.out[0] * out_w + static_cast<int64_t>(o_lo) * out_w;
-  T* out = static_cast<T*>(a.out) + out_base;
-  int64_t* indices = a.indices + out_base;
-
-  // Output rows [oa, ob) whose input rows fit the tile; normally the whole band.
-  for (int oa = 0; oa < o_rows;) {
-    int ob = oa + 1;
-    while (ob < o_rows && start_h[ob] + kh - start_h[oa] <= p.tile_rows) ++ob;
-    const int r_lo = start_h[oa];
-    load_rows<T>(a, p, x_plane, r_lo, start_h[ob - 1] + kh - r_lo, tile);
-    __syncthreads();
-    for (int e = oa * out_w + threadIdx.x; e < ob * out_w; e += blockDim.x) {
-      const int oh = static_cast<int>(p.div_out_w.div(static_cast<uint32_t>(e)));
-      const int h0 = start_h[oh], w0 = start_w[e - oh * out_w];
-      const T* corner = tile + (h0 - r_lo) * in_w + w0;
-      WindowMax<C> best(h0 * in_w + w0);
-#pragma unroll
-      for (int dh = 0; dh < kh; ++dh) {
-#pragma unroll
-        for (int dw = 0; dw < kw; ++dw) {
-          best.consider(to_compute(corner[dh * in_w + dw]), (h0 + dh) * in_w + w0 + dw);
-        }
-      }
-      out[e] = from_compute<T>(best.value);
-      indices[e] = best.index;
+  for (int s = 0; s < kRowStages - 1; ++s) {
+    if (band_at(s) < bands) {
+      copy_band(locate_band(p, static_cast<int>(band_at(s)), out_h), s);
+    } else {
+      cp_async_commit();
     }
-    oa = ob;
+  }
+  int b = 0;
+  for (int i = blockIdx.x; i < bands; i += gridDim.x) {
+    const int64_t ahead = i + int64_t{kRowStages - 1} * gridDim.x;
+    const int b_ahead = b == 0 ? kRowStages - 1 : b - 1;  // the buffer of the band before
+    if (ahead < bands) place_windows(locate_band(p, static_cast<int>(ahead), out_h), b_ahead);
+    cp_async_wait<kRowStages - 2>();
     __syncthreads();
+    if (ahead < bands) {
+      copy_band(locate_band(p, static_cast<int>(ahead), out_h), b_ahead);
+    } else {
+      cp_async_commit();
+    }
+    const RowBand band = locate_band(p, i, out_h);
+    // Output rows [oa, ob) whose input rows fit the tile: the whole band
+    // unless its rows spread wider than planned; then the later pieces are
+    // copied here (waiting for the later bands' rows too, which is harmless).
+    const int* start_h = starts_of(b) + out_w;
+    const bool whole = start_h[band.o_rows - 1] + kh - start_h[0] <= p.tile_rows;
+    for (int oa = 0; oa < band.o_rows;) {
+      int ob = whole ? band.o_rows : oa + 1;
+      while (ob < band.o_rows && start_h[ob] + kh - start_h[oa] <= p.tile_rows) ++ob;
+      const int piece_lo = start_h[oa];
+      if (oa > 0) {
+        __syncthreads();  // the previous piece is pooled
+        copy_rows<T>(a, p, plane_input<T>(a, band.plane), piece_lo,
+                     start_h[ob - 1] + kh - piece_lo, tile_of(b));
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+      }
+      pool(band, b, piece_lo, oa, ob);
+      oa = ob;
+    }
+    __syncthreads();  // buffer b is refilled next iteration
+    b = b + 1 == kRowStages ? 0 : b + 1;
   }
 }
 
