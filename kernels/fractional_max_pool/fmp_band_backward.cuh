@@ -74,15 +74,17 @@ BARACUDA_HOST_DEVICE inline BandSmem band_smem(int64_t rows, int64_t inner_in, i
   return m;
 }
 
-// Output rows whose windows can reach into `rows` consecutive input rows:
-// their starts lie in an interval of rows + k - 1 positions, consecutive
-// starts are at least floor(step) apart, and the last window may sit closer.
-// (Should rounding ever beat this, the block leaves its cells in global memory.)
+// Output rows whose windows can reach into `rows` consecutive input rows.
+// Their starts lie in an interval of rows + k - 1 positions; m + 1
+// consecutive starts are at least floor(m * step) - 1 apart (the placement
+// rounds each start down once), so at most ceil((rows + k) / step) of them
+// fit, plus the last window, which may sit closer to its neighbour. (Should
+// rounding ever beat this, the block leaves its cells in global memory.)
 inline int64_t band_out_rows_bound(const FmpGeometry& g, int64_t rows) {
   if (g.out[0] <= 1) return 1;
-  const double step = window_step(g.in[0], g.out[0], g.kernel[0]);
-  const int64_t min_step = std::max<int64_t>(1, static_cast<int64_t>(std::floor(step)));
-  return std::min<int64_t>(g.out[0], (rows + g.kernel[0] - 1) / min_step + 2);
+  const double step = window_step(g.in[0], g.out[0], g.kernel[0]);  // >= 1
+  const auto fit = static_cast<int64_t>(std::ceil(static_cast<double>(rows + g.kernel[0]) / step));
+  return std::min<int64_t>(g.out[0], fit + 1);
 }
 
 // False when the band kernel does not apply (planes past 31-bit offsets, or
@@ -163,12 +165,15 @@ __device__ inline void split_inner(uint32_t r, const IntDivider& div_w, int (&c)
 constexpr int kBandCellsInFlight = 4;
 
 template <int DIMS, bool STAGED, typename T>
-__global__ void __launch_bounds__(kBandThreads)
+__global__ void __launch_bounds__(kBandThreads, 5)
 fmp_band_backward_kernel(FmpBackwardArgs a, BandPlan p) {
   using C = compute_t<T>;
   const FmpGeometry& g = a.g;
-  const int64_t plane = blockIdx.x / p.bands_per_plane;
-  const int row_lo = static_cast<int>((blockIdx.x - plane * p.bands_per_plane) * p.band_rows);
+  // 32-bit: the grid has fewer than 2^31 blocks (plan_bands).
+  const int bands_per_plane = static_cast<int>(p.bands_per_plane);
+  const int64_t plane = static_cast<int>(blockIdx.x) / bands_per_plane;
+  const int row_lo = (static_cast<int>(blockIdx.x) - static_cast<int>(plane) * bands_per_plane) *
+                     p.band_rows;
   const int rows = min(p.band_rows, static_cast<int>(g.in[0]) - row_lo);
   const int band_elems = rows * p.inner_in;
   const int64_t band_offset = static_cast<int64_t>(row_lo) * p.inner_in;
@@ -202,12 +207,13 @@ fmp_band_backward_kernel(FmpBackwardArgs a, BandPlan p) {
       (i < rows ? band_cover[i] : inner_cover[i - rows]) =
           make_int2(static_cast<int>(first), static_cast<int>(last));
     }
-    for (int e = threadIdx.x; e < band_elems; e += blockDim.x) {
-      if constexpr (STAGED) {
-        stage[e] = C(0);
-      } else {
-        dst[e] = from_compute<T>(C(0));
+    if constexpr (STAGED) {
+      // The whole (16-byte padded) accumulator area, 16 bytes at a time.
+      for (size_t v = threadIdx.x; v < layout.stage / 16; v += blockDim.x) {
+        reinterpret_cast<Pack<C, 16 / sizeof(C)>*>(stage)[v] = Pack<C, 16 / sizeof(C)>{};
       }
+    } else {
+      for (int e = threadIdx.x; e < band_elems; e += blockDim.x) dst[e] = from_compute<T>(C(0));
     }
   }
   __syncthreads();  // also orders the zeroes before the leaders' writes
@@ -256,20 +262,46 @@ fmp_band_backward_kernel(FmpBackwardArgs a, BandPlan p) {
         (DIMS == 3 && (o[2] < c2.x || o[2] >= c2.y))) {
       return;
     }
+    // The covering cells in output order. Usually each axis has one or two
+    // (windows overlap at most twice), and a fixed, unrolled 2 x 2 (x 2)
+    // visit costs far less than a loop; longer ranges take the loop.
     C sum = 0;
     bool self_seen = false;
-    for (int o0 = c0.x; o0 < c0.y; ++o0) {
-      for (int o1 = c1.x; o1 < c1.y; ++o1) {
-        for (int o2 = c2.x; o2 < c2.y; ++o2) {
-          const int other[3] = {o0, o1, DIMS == 3 ? o2 : 0};
-          if (o0 == o[0] && o1 == o[1] && other[2] == o[2]) {
-            self_seen = true;
-            sum += own_grad;
-          } else if (target_of(other) == local) {
-            if (!self_seen) return;  // an earlier cell leads
-            sum += grad_of(other);
+    auto visit = [&](const int (&other)[3]) {  // false: an earlier cell leads
+      if (other[0] == o[0] && other[1] == o[1] && other[2] == o[2]) {
+        self_seen = true;
+        sum += own_grad;
+      } else if (target_of(other) == local) {
+        if (!self_seen) return false;
+        sum += grad_of(other);
+      }
+      return true;
+    };
+    const int n0 = c0.y - c0.x, n1 = c1.y - c1.x, n2 = c2.y - c2.x;
+    if (n0 <= 2 && n1 <= 2 && n2 <= 2) {
+      bool leads = true;
+#pragma unroll
+      for (int d0 = 0; d0 < 2; ++d0) {
+#pragma unroll
+        for (int d1 = 0; d1 < 2; ++d1) {
+#pragma unroll
+          for (int d2 = 0; d2 < (DIMS == 3 ? 2 : 1); ++d2) {
+            if (leads && d0 < n0 && d1 < n1 && d2 < n2) {
+              leads = visit({c0.x + d0, c1.x + d1, c2.x + d2});
+            }
           }
         }
+      }
+      if (!leads) return;
+    } else {
+      int other[3] = {c0.x, c1.x, c2.x};
+      for (int t = n0 * n1 * n2; t > 0; --t) {
+        if (!visit(other)) return;
+        if (DIMS == 3 && ++other[2] < c2.y) continue;
+        other[2] = c2.x;
+        if (++other[1] < c1.y) continue;
+        other[1] = c1.x;
+        ++other[0];
       }
     }
     if constexpr (STAGED) {
@@ -320,7 +352,23 @@ fmp_band_backward_kernel(FmpBackwardArgs a, BandPlan p) {
   }
   if constexpr (STAGED) {
     __syncthreads();
-    for (int e = threadIdx.x; e < band_elems; e += blockDim.x) dst[e] = from_compute<T>(stage[e]);
+    // 16-byte stores when the band is aligned (grad_in is contiguous, so
+    // usually), else one element at a time.
+    constexpr int kVec = 16 / sizeof(T), kChunk = 16 / sizeof(C);  // elements per 16 bytes
+    if (band_elems % kVec == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0) {
+      for (int v = threadIdx.x; v < band_elems / kVec; v += blockDim.x) {
+        Pack<T, kVec> out;
+#pragma unroll
+        for (int c = 0; c < kVec / kChunk; ++c) {
+          const Pack<C, kChunk> sum = reinterpret_cast<const Pack<C, kChunk>*>(stage + v * kVec)[c];
+#pragma unroll
+          for (int e = 0; e < kChunk; ++e) out.x[c * kChunk + e] = from_compute<T>(sum.x[e]);
+        }
+        reinterpret_cast<Pack<T, kVec>*>(dst)[v] = out;
+      }
+    } else {
+      for (int e = threadIdx.x; e < band_elems; e += blockDim.x) dst[e] = from_compute<T>(stage[e]);
+    }
   }
 }
 
