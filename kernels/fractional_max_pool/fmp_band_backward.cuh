@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/compute_types.cuh"
 #include "common/cuda_launch.cuh"
@@ -165,7 +166,7 @@ __device__ inline void split_inner(uint32_t r, const IntDivider& div_w, int (&c)
 constexpr int kBandCellsInFlight = 4;
 
 template <int DIMS, bool STAGED, typename T>
-__global__ void __launch_bounds__(kBandThreads, 5)
+__global__ void __launch_bounds__(kBandThreads)
 fmp_band_backward_kernel(FmpBackwardArgs a, BandPlan p) {
   using C = compute_t<T>;
   const FmpGeometry& g = a.g;
@@ -252,7 +253,11 @@ fmp_band_backward_kernel(FmpBackwardArgs a, BandPlan p) {
   // Cell o names band element `local`. If its window covers the element and
   // no cell before it in output order names the element too, it sums every
   // cell that does (in output order) and writes the element.
-  auto lead = [&](const int (&o)[3], int local, C own_grad, auto&& target_of, auto&& grad_of) {
+  // unrolled: visit the covering cells in a fixed pattern when ranges are
+  // short (cells in shared memory; with global look-ups the copies of that
+  // code inlined per cell in flight cost more registers than they save).
+  auto lead = [&](const int (&o)[3], int local, C own_grad, auto&& target_of, auto&& grad_of,
+                  auto unrolled) {
     const int r = static_cast<int>(p.div_inner_in.div(static_cast<uint32_t>(local)));
     int q[2];
     split_inner<DIMS>(static_cast<uint32_t>(local - r * p.inner_in), p.div_in_w, q);
@@ -263,8 +268,8 @@ fmp_band_backward_kernel(FmpBackwardArgs a, BandPlan p) {
       return;
     }
     // The covering cells in output order. Usually each axis has one or two
-    // (windows overlap at most twice), and a fixed, unrolled 2 x 2 (x 2)
-    // visit costs far less than a loop; longer ranges take the loop.
+    // (windows overlap at most twice), and a fixed 2 x 2 (x 2) visit costs
+    // far less than a loop.
     C sum = 0;
     bool self_seen = false;
     auto visit = [&](const int (&other)[3]) {  // false: an earlier cell leads
@@ -278,7 +283,7 @@ fmp_band_backward_kernel(FmpBackwardArgs a, BandPlan p) {
       return true;
     };
     const int n0 = c0.y - c0.x, n1 = c1.y - c1.x, n2 = c2.y - c2.x;
-    if (n0 <= 2 && n1 <= 2 && n2 <= 2) {
+    if (decltype(unrolled)::value && n0 <= 2 && n1 <= 2 && n2 <= 2) {
       bool leads = true;
 #pragma unroll
       for (int d0 = 0; d0 < 2; ++d0) {
@@ -335,7 +340,8 @@ fmp_band_backward_kernel(FmpBackwardArgs a, BandPlan p) {
         int o[3];
         cell_of(j, o);
         lead(o, local, grad[b], [&](const int (&x)[3]) { return band_target(ix[offset(a.ix_stride, x)]); },
-             [&](const int (&x)[3]) { return to_compute(go[offset(a.go_stride, x)]); });
+             [&](const int (&x)[3]) { return to_compute(go[offset(a.go_stride, x)]); },
+             std::false_type{});
       }
     }
   }
@@ -347,7 +353,7 @@ fmp_band_backward_kernel(FmpBackwardArgs a, BandPlan p) {
       int o[3];
       cell_of(j, o);
       lead(o, local, cell_grad[j], [&](const int (&x)[3]) { return cell_target[cell_index(x)]; },
-           [&](const int (&x)[3]) { return cell_grad[cell_index(x)]; });
+           [&](const int (&x)[3]) { return cell_grad[cell_index(x)]; }, std::true_type{});
     }
   }
   if constexpr (STAGED) {
