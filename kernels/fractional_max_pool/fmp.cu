@@ -83,10 +83,6 @@ KernelStatus launch_row_forward(const FmpForwardArgs& a, const fmp::RowBandPlan&
                                 cudaStream_t s) {
   if (plan.bands == 0) return KernelStatus::ok();
   auto launch = [&](auto kernel) {
-    if (plan.smem_bytes > 48 * 1024) {
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(plan.smem_bytes));
-    }
     const unsigned grid = resident_blocks(kernel, fmp::kRowThreads, plan.smem_bytes, plan.bands);
     kernel<<<grid, fmp::kRowThreads, plan.smem_bytes, s>>>(a, plan);
   };

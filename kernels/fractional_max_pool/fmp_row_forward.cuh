@@ -50,6 +50,7 @@ constexpr int kRowStages = 2;  // bands in flight per block: one pooled, the oth
 // All stages. Tiles near 13 KiB measured best for every dtype on H100 (f32:
 // 14 output rows of 56; bf16: 28); larger ones were slower.
 constexpr size_t kRowSmemBudget = 28 * 1024;
+static_assert(kRowSmemBudget <= 48 * 1024, "past 48 KiB the launch must opt in to more shared memory");
 constexpr int kRowBandMaxOutRows = 32;  // below this, the budget decides
 
 // Shared memory of a block, per stage: the window starts (one per output
