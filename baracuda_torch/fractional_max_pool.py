@@ -42,6 +42,8 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
+from . import _no_grad_call
+
 _OPS = torch.ops.baracuda
 
 Size = Union[int, Sequence[int]]
@@ -87,8 +89,8 @@ def _pool(x: Tensor, dims: int, kernel_size: Size, output_size, output_ratio,
     if samples is None:
         batch = 1 if x.dim() == dims + 1 else x.size(0)
         samples = torch.rand(batch, x.size(-dims - 1), dims, dtype=x.dtype, device=x.device)
-    out, indices = _OPS.fractional_max_pool.default(x, list(kernel), list(out_size), samples,
-                                                    placement)
+    out, indices = _no_grad_call.call(_OPS.fractional_max_pool.default, (x,), x, list(kernel),
+                                      list(out_size), samples, placement)
     return (out, indices) if return_indices else out
 
 
