@@ -66,6 +66,37 @@ struct LogAddExpCombine {
   BHD State combine(State a, State b) const { return log_add_exp(a, b); }
 };
 
+// A sum of terms c_j exp(e_j) (any signs c_j) kept as m = the largest e_j and
+// s = sum of c_j exp(e_j - m): joining two runs costs one exp, where the log
+// domain (log_add_exp) costs an exp and a log1p per join and needs separate
+// runs for positive and negative terms. m = -inf is the empty run (the
+// identity); +inf absorbs everything but NaN; NaN propagates.
+// The logcumsumexp forward keeps the scalar log-domain state: with this
+// two-word state, four of its five H100 benchmark rows were slower (float32
+// dim 0 of [4096, 8192]: 424 against 341 us), while the backward ran 2x faster.
+template <typename Acc>
+struct ScaledSum {
+  Acc m;
+  Acc s;
+};
+
+template <typename Acc>
+struct ScaledSumCombine {
+  using State = ScaledSum<Acc>;
+  BHD State identity() const { return {neg_inf<Acc>(), Acc(0)}; }
+  BHD State combine(State a, State b) const {
+    if (is_nan(a.m) || is_nan(b.m)) return {a.m + b.m, a.s + b.s};
+    if (b.m == neg_inf<Acc>()) return a;
+    if (a.m == neg_inf<Acc>()) return b;
+    const bool a_high = a.m >= b.m;
+    const State hi = a_high ? a : b;
+    const State lo = a_high ? b : a;
+    // Equal exponents (two +inf included, where lo.m - hi.m is NaN) weigh 1.
+    const Acc w = lo.m == hi.m ? Acc(1) : exp_of(lo.m - hi.m);
+    return {hi.m, hi.s + lo.s * w};
+  }
+};
+
 // Running extreme with its index, exactly as torch's cummax / cummin: a NaN
 // always takes over (so the last NaN so far wins) and nothing but a NaN
 // replaces a NaN; otherwise a later element wins ties (>= / <=). That is a
@@ -125,22 +156,6 @@ struct AffineCombine {
   BHD State identity() const { return {Acc(1), Acc(0)}; }
   BHD State combine(State a, State b) const {
     return {b.scale * a.scale, b.scale * a.shift + b.shift};
-  }
-};
-
-// Two independent log-sum-exp streams (positive and negative parts of dy).
-template <typename Acc>
-struct LogPair {
-  Acc pos;
-  Acc neg;
-};
-
-template <typename Acc>
-struct LogPairCombine {
-  using State = LogPair<Acc>;
-  BHD State identity() const { return {neg_inf<Acc>(), neg_inf<Acc>()}; }
-  BHD State combine(State a, State b) const {
-    return {log_add_exp(a.pos, b.pos), log_add_exp(a.neg, b.neg)};
   }
 };
 
@@ -218,13 +233,14 @@ struct CumprodBackward : AffineCombine<Acc>, GradWithSaved<T> {
   }
 };
 
-// logcumsumexp: dx_i = exp(x_i + P_i) - exp(x_i + N_i) with P / N the
-// log-sum-exp of log|dy_j| - y_j over the later j with positive / negative
-// dy_j. Terms with y_j = -inf or dy_j = 0 drop out and x_i = -inf gives 0, so
-// all -inf prefixes and magnitudes like 1e4 give finite gradients.
+// logcumsumexp: dx_i = exp(x_i) * sum over the later j of dy_j exp(-y_j),
+// that sum kept as a scaled run with exponents -y_j and signed terms dy_j.
+// For j >= i, y_j >= x_i, so exp(x_i + m) <= 1: nothing overflows that dx_i
+// does not. Terms with y_j = -inf (or dy_j = 0) drop out and x_i = -inf gives
+// 0, so all -inf prefixes and magnitudes like 1e4 give finite gradients.
 template <typename T, typename Acc>
-struct LogcumsumexpBackward : LogPairCombine<Acc>, GradWithSaved<T> {
-  using State = LogPair<Acc>;
+struct LogcumsumexpBackward : ScaledSumCombine<Acc>, GradWithSaved<T> {
+  using State = ScaledSum<Acc>;
   using GradWithSaved<T>::dy;
   using GradWithSaved<T>::x;
   using GradWithSaved<T>::y;
@@ -232,17 +248,13 @@ struct LogcumsumexpBackward : LogPairCombine<Acc>, GradWithSaved<T> {
   BHD State load(int64_t off, int64_t) const {
     const Acc g = to_acc<Acc>(dy[off]);
     const Acc yv = to_acc<Acc>(y[off]);
-    State s = this->identity();
-    if (yv == neg_inf<Acc>() || g == Acc(0)) return s;
-    if (is_nan(g) || is_nan(yv)) return {g + yv, g + yv};
-    if (g > Acc(0)) s.pos = log_of(g) - yv;
-    else s.neg = log_of(-g) - yv;
-    return s;
+    if (yv == neg_inf<Acc>() || g == Acc(0)) return this->identity();
+    return {-yv, g};
   }
   BHD void store(int64_t off, int64_t, State, State incl) const {
     const Acc xv = to_acc<Acc>(x[off]);
     Acc out = Acc(0);
-    if (xv != neg_inf<Acc>()) out = exp_of(xv + incl.pos) - exp_of(xv + incl.neg);
+    if (xv != neg_inf<Acc>() && incl.m != neg_inf<Acc>()) out = exp_of(xv + incl.m) * incl.s;
     dx[off] = from_acc<T>(out);
   }
 };
