@@ -91,10 +91,12 @@ def fmt(x, spec):
     return "" if x is None else format(x, spec)
 
 
-def run_family(family, device, quick, roofline, notes):
+def run_family(family, device, quick, roofline, notes, case_filter=None):
     mod = importlib.import_module(f"bench_{family}")
     rows = []
     for case in mod.cases(device, quick):
+        if case_filter and case_filter not in case.name:
+            continue
         name = case.name
         if case.note:
             notes.append(case.note)
@@ -130,6 +132,7 @@ def main():
     ap.add_argument("--family", action="append", choices=families,
                     help="only this family (repeatable; default: all)")
     ap.add_argument("--out", help="also write the markdown (header + table) here")
+    ap.add_argument("--case", help="only the cases whose name contains this text")
     ap.add_argument("--quick", action="store_true", help="small sizes: a smoke test, runs on CPU")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
@@ -138,7 +141,7 @@ def main():
     roofline = copy_roofline_gbs(device, args.quick)
     rows, notes = [], []
     for family in args.family or families:
-        rows += run_family(family, device, args.quick, roofline, notes)
+        rows += run_family(family, device, args.quick, roofline, notes, args.case)
         if device.type == "cuda":
             torch.cuda.empty_cache()  # the next family's sets get the memory
 
