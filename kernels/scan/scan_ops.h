@@ -26,8 +26,6 @@ BHD inline float log1p_of(float v) { return log1pf(v); }
 BHD inline double log1p_of(double v) { return log1p(v); }
 BHD inline float exp_of(float v) { return expf(v); }
 BHD inline double exp_of(double v) { return exp(v); }
-BHD inline float log_of(float v) { return logf(v); }
-BHD inline double log_of(double v) { return log(v); }
 template <typename Acc> BHD Acc neg_inf() { return -INFINITY; }
 template <typename Acc> BHD bool is_nan(Acc v) { return v != v; }
 
