@@ -22,6 +22,10 @@ class _FractionalMaxPoolNd(torch.nn.Module):
         self.placement = placement
         self.register_buffer("_random_samples", _random_samples)
 
+    def forward(self, x):
+        return self._pool(x, self.kernel_size, self.output_size, self.output_ratio,
+                          self.return_indices, self._random_samples, placement=self.placement)
+
     def extra_repr(self):
         return (f"kernel_size={self.kernel_size}, output_size={self.output_size}, "
                 f"output_ratio={self.output_ratio}, placement={self.placement!r}")
@@ -31,19 +35,11 @@ class FractionalMaxPool2d(_FractionalMaxPoolNd):
     """Drop-in for ``torch.nn.FractionalMaxPool2d`` (plus ``placement``)."""
 
     dims = 2
-
-    def forward(self, x):
-        return fractional_max_pool2d(x, self.kernel_size, self.output_size, self.output_ratio,
-                                     self.return_indices, self._random_samples,
-                                     placement=self.placement)
+    _pool = staticmethod(fractional_max_pool2d)
 
 
 class FractionalMaxPool3d(_FractionalMaxPoolNd):
     """Drop-in for ``torch.nn.FractionalMaxPool3d`` (plus ``placement``)."""
 
     dims = 3
-
-    def forward(self, x):
-        return fractional_max_pool3d(x, self.kernel_size, self.output_size, self.output_ratio,
-                                     self.return_indices, self._random_samples,
-                                     placement=self.placement)
+    _pool = staticmethod(fractional_max_pool3d)
