@@ -26,6 +26,7 @@
 #include <type_traits>
 
 #include "block_sparse_attention/block_sparse_attention_kernels.h"
+#include "block_sparse_attention/block_sparse_attention_tile.cuh"
 #include "common/cp_async.cuh"
 #include "common/cuda_launch.cuh"
 
@@ -33,8 +34,6 @@ namespace baracuda {
 namespace {
 
 constexpr int kKeyTile = 64;  // keys per pipeline stage
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 // ---------------------------------------------------------------- PTX wrappers
 
@@ -49,9 +48,9 @@ __device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
                : "r"(smem_address(p)));
 }
 
-// c += a * b on one m16n8k16 tile.
+// c[0..3] += a * b on one m16n8k16 tile.
 template <typename T>
-__device__ inline void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+__device__ inline void mma(float* c, const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   if constexpr (std::is_same<T, __half>::value) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
@@ -64,19 +63,6 @@ __device__ inline void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, u
         "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-
-// Two floats as one register of two 16-bit values, `lo` in the low half
-// (the lower column index of a fragment pair).
-template <typename T>
-__device__ inline uint32_t pack2(float lo, float hi) {
-  if constexpr (std::is_same<T, __half>::value) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  } else {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
   }
 }
 
@@ -125,34 +111,16 @@ __global__ void __launch_bounds__(M / 16 * 32)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane >> 2, t4 = lane & 3;
 
-  // Work order: query tile outermost, so every head's tile of one rank runs
-  // together; with causal attention the last tiles (the most keys) go first.
-  const int64_t heads_total = a.batch * a.heads;
-  const int64_t rank = blockIdx.x / heads_total, bh = blockIdx.x % heads_total;
-  const int64_t qt = a.causal ? q_tiles - 1 - rank : rank;
-  const int64_t h = bh % a.heads, b = bh / a.heads, kvh = h / (a.heads / a.kv_heads);
-  const int64_t q0 = qt * M;
-  const int64_t q_last = min(q0 + M, a.q_len) - 1;
-  const uint8_t* mrow = mask_row(a, b, h, q0 / a.block_q);
-  const int64_t key_end = visible_key_end(a, q_last);
-  const int64_t n_tiles = (key_end + kKeyTile - 1) / kKeyTile;
-  const int64_t tiles_per_block = a.block_k / kKeyTile;
-  // First key tile at or after `t` whose mask block is on (n_tiles if none):
-  // every thread scans the same mask bytes, so the walk is uniform.
-  auto next_tile = [&](int64_t t) {
-    while (t < n_tiles) {
-      const int64_t kb = t / tiles_per_block;
-      if (key_block_on(a, mrow, kb)) return t;
-      t = (kb + 1) * tiles_per_block;
-    }
-    return n_tiles;
-  };
+  const QueryTile qtile = query_tile(a, blockIdx.x, q_tiles, M);
+  const KeyTileWalk walk(a, qtile, kKeyTile);
+  const int64_t b = qtile.b, h = qtile.h, kvh = qtile.kv_head, q0 = qtile.q0;
+  const int64_t n_tiles = walk.n_tiles;
 
   const T* qg = static_cast<const T*>(a.q) + b * a.q_strides[0] + h * a.q_strides[1];
   const T* kg = static_cast<const T*>(a.k) + b * a.k_strides[0] + kvh * a.k_strides[1];
   const T* vg = static_cast<const T*>(a.v) + b * a.v_strides[0] + kvh * a.v_strides[1];
 
-  int64_t tile = next_tile(0);
+  int64_t tile = walk.next(0);
   load_tile<M, D, kThreads>(sq, qg, a.q_strides[2], q0, a.q_len);
   if (tile < n_tiles) {
     load_tile<kKeyTile, D, kThreads>(sk, kg, a.k_strides[2], tile * kKeyTile, a.k_len);
@@ -162,17 +130,15 @@ __global__ void __launch_bounds__(M / 16 * 32)
 
   const float scale_log2 = static_cast<float>(a.scale) * kLog2e;
   uint32_t qa[kKSteps][4];
-  float o[kOTiles][4];
+  float o[4 * kOTiles];
 #pragma unroll
-  for (int j = 0; j < kOTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-  // Rows g and g + 8 of the warp: running max (log2 units) and this lane's
-  // partial sum (its columns only; the 4 lanes of a row add up at the end).
-  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+  for (int i = 0; i < 4 * kOTiles; ++i) o[i] = 0.f;
+  OnlineSoftmaxRows softmax;
   bool q_in_registers = false;
   int stage = 0;
 
   while (tile < n_tiles) {
-    const int64_t next = next_tile(tile + 1);
+    const int64_t next = walk.next(tile + 1);
     if (next < n_tiles) {
       T* nk = sk + (stage ^ 1) * kKeyTile * D;
       T* nv = sv + (stage ^ 1) * kKeyTile * D;
@@ -194,9 +160,9 @@ __global__ void __launch_bounds__(M / 16 * 32)
     const T* vs = sv + stage * kKeyTile * D;
 
     // S = Q K^T for this warp's 16 rows x 64 keys.
-    float s[kSTiles][4];
+    float s[4 * kSTiles];
 #pragma unroll
-    for (int j = 0; j < kSTiles; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+    for (int i = 0; i < 4 * kSTiles; ++i) s[i] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < kKSteps; ++kk) {
 #pragma unroll
@@ -204,74 +170,29 @@ __global__ void __launch_bounds__(M / 16 * 32)
         uint32_t kb[4];
         ldmatrix_x4(kb, ks + swizzled<D>(np * 16 + (lane >> 4) * 8 + (lane & 7),
                                          kk * 2 + ((lane >> 3) & 1)));
-        mma<T>(s[2 * np], qa[kk], kb[0], kb[1]);
-        mma<T>(s[2 * np + 1], qa[kk], kb[2], kb[3]);
+        mma<T>(&s[8 * np], qa[kk], kb[0], kb[1]);
+        mma<T>(&s[8 * np + 4], qa[kk], kb[2], kb[3]);
       }
     }
 
-    // Scale into log2 units, then hide keys past the end and (causal) after
-    // the query. Only tiles that reach past k_len or the diagonal need it.
-    const int64_t key0 = tile * kKeyTile;
-    const bool edge = key0 + kKeyTile > a.k_len || (a.causal && key0 + kKeyTile - 1 > q0);
-#pragma unroll
-    for (int j = 0; j < kSTiles; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = s[j][e] * scale_log2;
-        if (edge) {
-          const int64_t key = key0 + j * 8 + t4 * 2 + (e & 1);
-          const int64_t row = q0 + warp * 16 + g + (e >> 1) * 8;
-          if (key >= a.k_len || (a.causal && key > row)) x = -INFINITY;
-        }
-        s[j][e] = x;
-      }
-    }
-
-    // Online softmax per row: new max, rescale what was accumulated, P = 2^(S - max).
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < kSTiles; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(row_max[r], mx);
-      // A row with no visible key so far keeps max -inf; subtract 0 instead
-      // so that 2^(-inf - (-inf)) never makes a NaN.
-      const float m_use = m_new == -INFINITY ? 0.f : m_new;
-      const float corr = exp2f(row_max[r] - m_use);
-      row_max[r] = m_new;
-      row_sum[r] *= corr;
-#pragma unroll
-      for (int j = 0; j < kOTiles; ++j) {
-        o[j][2 * r] *= corr;
-        o[j][2 * r + 1] *= corr;
-      }
-#pragma unroll
-      for (int j = 0; j < kSTiles; ++j) {
-#pragma unroll
-        for (int e = 2 * r; e < 2 * r + 2; ++e) {
-          const float p = exp2f(s[j][e] - m_use);
-          s[j][e] = p;
-          row_sum[r] += p;
-        }
-      }
-    }
+    scale_and_mask<kSTiles>(s, a, scale_log2, tile * kKeyTile, q0, q0 + warp * 16 + g, t4);
+    float corr[2];
+    softmax.update<kSTiles>(s, corr);
+    OnlineSoftmaxRows::rescale<kOTiles>(o, corr);
 
     // O += P V: P's accumulator pairs become the A fragments directly.
 #pragma unroll
     for (int kk = 0; kk < kKeyTile / 16; ++kk) {
-      const uint32_t pa[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]),
-                              pack2<T>(s[2 * kk][2], s[2 * kk][3]),
-                              pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      uint32_t pa[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) pa[i] = pack2<T>(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
 #pragma unroll
       for (int np = 0; np < kOTiles / 2; ++np) {
         uint32_t vb[4];
         ldmatrix_x4_trans(vb, vs + swizzled<D>(kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7),
                                                np * 2 + (lane >> 4)));
-        mma<T>(o[2 * np], pa, vb[0], vb[1]);
-        mma<T>(o[2 * np + 1], pa, vb[2], vb[3]);
+        mma<T>(&o[8 * np], pa, vb[0], vb[1]);
+        mma<T>(&o[8 * np + 4], pa, vb[2], vb[3]);
       }
     }
     __syncthreads();  // this stage is refilled two iterations from now
@@ -280,27 +201,7 @@ __global__ void __launch_bounds__(M / 16 * 32)
   }
   cp_async_wait<0>();  // nothing may stay in flight into shared memory at exit
 
-  // Epilogue: normalise and store; an empty row is (0, -inf).
-  T* og = static_cast<T*>(a.out) + b * a.out_strides[0] + h * a.out_strides[1];
-  float* lg = static_cast<float*>(a.lse) + b * a.lse_strides[0] + h * a.lse_strides[1];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float l = row_sum[r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const int64_t row = q0 + warp * 16 + g + r * 8;
-    if (row >= a.q_len) continue;
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    T* orow = og + row * a.out_strides[2];
-#pragma unroll
-    for (int j = 0; j < kOTiles; ++j) {
-      *reinterpret_cast<uint32_t*>(orow + j * 8 + t4 * 2) =
-          pack2<T>(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
-    }
-    if (t4 == 0) {
-      lg[row * a.lse_strides[2]] = l > 0.f ? (row_max[r] + log2f(l)) * kLn2 : -INFINITY;
-    }
-  }
+  softmax.store<T, kOTiles>(a, qtile, o, q0 + warp * 16 + g, t4);
 }
 
 template <typename T, int D, int M>

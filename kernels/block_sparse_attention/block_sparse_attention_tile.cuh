@@ -1,0 +1,188 @@
+// Pieces both tensor-core executors share: which query tile a CTA owns, the
+// walk over the key tiles it must visit, the online softmax of a thread's two
+// rows and the epilogue that stores them. Per warp, accumulators follow the
+// mma.sync / wgmma fragment layout: lane = 4 g + t4 holds rows g and g + 8
+// of the warp's 16, columns 8 j + 2 t4 + {0, 1} of every 8-column group j,
+// as x[4 j + 0..1] (row g) and x[4 j + 2..3] (row g + 8).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "block_sparse_attention/block_sparse_attention_kernels.h"
+
+namespace baracuda {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Two floats as one register of two 16-bit values, `lo` in the low half
+// (the lower column index of a fragment pair).
+template <typename T>
+__device__ inline uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same<T, __half>::value) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+}
+
+// The M query rows [q0, q0 + M) of one (batch, head) a CTA owns.
+struct QueryTile {
+  int64_t b, h, kv_head, q0, q_last;
+};
+
+// Work order: query tile outermost, so every head's tile of one rank runs
+// together; with causal attention the last tiles (the most keys) go first.
+__device__ inline QueryTile query_tile(const BlockSparseAttentionArgs& a, int64_t cta,
+                                       int64_t q_tiles, int M) {
+  const int64_t heads_total = a.batch * a.heads;
+  const int64_t rank = cta / heads_total, bh = cta % heads_total;
+  const int64_t qt = a.causal ? q_tiles - 1 - rank : rank;
+  QueryTile t;
+  t.h = bh % a.heads;
+  t.b = bh / a.heads;
+  t.kv_head = t.h / (a.heads / a.kv_heads);
+  t.q0 = qt * M;
+  t.q_last = min(t.q0 + M, a.q_len) - 1;
+  return t;
+}
+
+// The key tiles (`tile_keys` keys each, a divisor of block_k) a query tile
+// visits: those of mask blocks that are on, up to the last visible key.
+// Every thread reads the same mask bytes, so the walk is uniform.
+struct KeyTileWalk {
+  const BlockSparseAttentionArgs& a;
+  const uint8_t* mask_row;
+  int64_t n_tiles, tiles_per_block;
+
+  __device__ KeyTileWalk(const BlockSparseAttentionArgs& args, const QueryTile& t, int tile_keys)
+      : a(args),
+        mask_row(baracuda::mask_row(args, t.b, t.h, t.q0 / args.block_q)),
+        n_tiles((visible_key_end(args, t.q_last) + tile_keys - 1) / tile_keys),
+        tiles_per_block(args.block_k / tile_keys) {}
+
+  // First tile at or after `t` whose mask block is on (n_tiles if none).
+  __device__ int64_t next(int64_t t) const {
+    while (t < n_tiles) {
+      const int64_t kb = t / tiles_per_block;
+      if (key_block_on(a, mask_row, kb)) return t;
+      t = (kb + 1) * tiles_per_block;
+    }
+    return n_tiles;
+  }
+};
+
+// Scores of one key tile (SJ 8-key groups from key0) into log2 units. Keys
+// past k_len and, with causal attention, after the row are hidden (-inf);
+// only a tile that reaches past k_len or past the diagonal of the tile's
+// first row `row0` needs the test. row_g: this lane's first row.
+template <int SJ>
+__device__ inline void scale_and_mask(float (&s)[4 * SJ], const BlockSparseAttentionArgs& a,
+                                      float scale_log2, int64_t key0, int64_t row0,
+                                      int64_t row_g, int t4) {
+  const bool edge = key0 + 8 * SJ > a.k_len || (a.causal && key0 + 8 * SJ - 1 > row0);
+  if (!edge) {  // the common case, kept free of the per-element tests
+#pragma unroll
+    for (int i = 0; i < 4 * SJ; ++i) s[i] *= scale_log2;
+    return;
+  }
+  // Key key0 + c sits in column c; this lane's columns are 8 j + 2 t4 + {0, 1}.
+  const int64_t keys_left = a.k_len - key0 - 2 * t4;
+  const int64_t diagonal = row_g - key0 - 2 * t4;  // row - key for j = 0, e = 0
+#pragma unroll
+  for (int j = 0; j < SJ; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int c = j * 8 + (e & 1);  // column minus 2 t4
+      const bool hidden =
+          c >= keys_left || (a.causal && c > diagonal + (e >> 1) * 8);
+      s[4 * j + e] = hidden ? -INFINITY : s[4 * j + e] * scale_log2;
+    }
+  }
+}
+
+// Running max (log2 units) and this lane's partial sum of its rows g and
+// g + 8; the four lanes of a row add their sums up at the end.
+struct OnlineSoftmaxRows {
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.f, 0.f};
+
+  // s: scores of SJ 8-key groups in log2 units, replaced by P = 2^(s - max)
+  // under the new running max. corr: the factor by which what was summed
+  // under the old max (the sums here, the output accumulator via rescale)
+  // must be multiplied.
+  template <int SJ>
+  __device__ void update(float (&s)[4 * SJ], float (&corr)[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < SJ; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(row_max[r], mx);
+      // A row with no visible key so far keeps max -inf; subtract 0 instead
+      // so that 2^(-inf - (-inf)) never makes a NaN.
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;
+      corr[r] = exp2f(row_max[r] - m_use);
+      row_max[r] = m_new;
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < SJ; ++j) {
+#pragma unroll
+        for (int e = 2 * r; e < 2 * r + 2; ++e) {
+          const float p = exp2f(s[4 * j + e] - m_use);
+          s[4 * j + e] = p;
+          sum += p;
+        }
+      }
+      row_sum[r] = row_sum[r] * corr[r] + sum;
+    }
+  }
+
+  // o: an accumulator of OJ 8-column groups, brought to the new max.
+  template <int OJ>
+  __device__ static void rescale(float (&o)[4 * OJ], const float (&corr)[2]) {
+#pragma unroll
+    for (int j = 0; j < OJ; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[4 * j + e] *= corr[e >> 1];
+    }
+  }
+
+  // Normalises and stores rows row_g and row_g + 8 (those below q_len) of
+  // out and lse; an empty row is (0, -inf).
+  template <typename T, int OJ>
+  __device__ void store(const BlockSparseAttentionArgs& a, const QueryTile& t,
+                        const float (&o)[4 * OJ], int64_t row_g, int t4) const {
+    T* og = static_cast<T*>(a.out) + t.b * a.out_strides[0] + t.h * a.out_strides[1];
+    float* lg = static_cast<float*>(a.lse) + t.b * a.lse_strides[0] + t.h * a.lse_strides[1];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float l = row_sum[r];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const int64_t row = row_g + r * 8;
+      if (row >= a.q_len) continue;
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      T* orow = og + row * a.out_strides[2];
+#pragma unroll
+      for (int j = 0; j < OJ; ++j) {
+        *reinterpret_cast<uint32_t*>(orow + j * 8 + t4 * 2) =
+            pack2<T>(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
+      }
+      if (t4 == 0) {
+        lg[row * a.lse_strides[2]] = l > 0.f ? (row_max[r] + log2f(l)) * kLn2 : -INFINITY;
+      }
+    }
+  }
+};
+
+}  // namespace baracuda
