@@ -57,6 +57,34 @@ def link_args() -> list:
     return []
 
 
+def cuda_arch_flags() -> list:
+    """nvcc -gencode flags for TORCH_CUDA_ARCH_LIST (or the visible GPUs).
+
+    Compute capability 9.0 is built as sm_90a, the Hopper target whose
+    warpgroup MMA instructions the attention kernel uses (sm_90a machine code
+    runs on every 9.0 GPU). An empty list leaves the choice to torch.
+    """
+    arch_list = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if not arch_list:
+        if not torch.cuda.is_available():
+            return []
+        capabilities = {torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())}
+        arch_list = ";".join(f"{major}.{minor}" for major, minor in sorted(capabilities))
+    flags = []
+    for entry in arch_list.replace(" ", ";").split(";"):
+        if not entry:
+            continue
+        number, ptx = (entry[: -len("+PTX")], True) if entry.endswith("+PTX") else (entry, False)
+        digits = number.replace(".", "")
+        if not digits.rstrip("af").isdigit():
+            return []  # a named architecture ("Hopper", ...): torch knows those
+        machine = "90a" if digits == "90" else digits
+        flags.append(f"-gencode=arch=compute_{machine},code=sm_{machine}")
+        if ptx:  # portable PTX, for GPUs newer than the list
+            flags.append(f"-gencode=arch=compute_{digits},code=compute_{digits}")
+    return flags
+
+
 def extension():
     with_cuda = want_cuda()
     defines = [("Py_LIMITED_API", "0x03090000")]
@@ -66,6 +94,10 @@ def extension():
     if with_cuda:
         defines.append(("BARACUDA_WITH_CUDA", None))
         kind = cpp_extension.CUDAExtension
+        arch_flags = cuda_arch_flags()
+        nvcc += arch_flags
+        if any("sm_90a" in f for f in arch_flags):
+            defines.append(("BARACUDA_SM90A", None))
     return kind(
         name="baracuda_torch._C",
         sources=sources(with_cuda),

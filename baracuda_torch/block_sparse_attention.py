@@ -92,7 +92,8 @@ def block_sparse_attention_path(q: Tensor, k: Tensor, v: Tensor, block_mask: Ten
                                 block_size: BlockSize = 64, scale: float = None,
                                 is_causal: bool = False) -> str:
     """Which executor :func:`block_sparse_attention` runs these arguments on:
-    ``"cpu"``, ``"cuda_generic"`` or ``"cuda_tensor_core"``."""
+    ``"cpu"``, ``"cuda_generic"``, ``"cuda_wgmma"`` (Hopper tensor cores) or
+    ``"cuda_tensor_core"`` (mma.sync, other tensor-core GPUs)."""
     bq, bk = block_sizes(block_size)
     return _OPS.block_sparse_attention_path.default(q, k, v, block_mask, bq, bk, scale, is_causal)
 

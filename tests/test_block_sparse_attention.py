@@ -4,11 +4,13 @@ References are float64 SDPA (math backend) with the equivalent dense mask,
 computed from the very inputs the op sees (half inputs rounded first); rows
 with no visible key are checked to be exactly (0, -inf). On CUDA the cases
 are chosen so that both executors run: block sizes that are multiples of 64
-with D in {64, 128} take the tensor-core kernel for float16/bfloat16, every
-other case the generic one (each test asserts which).
+with D in {64, 128} take the tensor-core kernel (wgmma on Hopper, mma.sync
+before) for float16/bfloat16, every other case the generic one (each test
+asserts which).
 """
 
 import math
+import os
 
 import pytest
 import torch
@@ -63,7 +65,11 @@ def expected_path(q, v, device, block_size):
     bq, bk = (block_size, block_size) if isinstance(block_size, int) else block_size
     tc = (q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] == v.shape[-1]
           and q.shape[-1] in (64, 128) and bq % 64 == 0 and bk % 64 == 0)
-    return "cuda_tensor_core" if tc else "cuda_generic"
+    if not tc:
+        return "cuda_generic"
+    hopper = torch.cuda.get_device_capability(device)[0] == 9
+    wgmma = hopper and os.environ.get("BARACUDA_DISABLE_WGMMA", "0") in ("", "0")
+    return "cuda_wgmma" if wgmma else "cuda_tensor_core"
 
 
 def check(q, k, v, m, block_size, is_causal=False, scale=None):
@@ -99,6 +105,20 @@ def test_block_sizes(device, block_size, dtype, is_causal):
     q, k, v = inputs(2, 2, 1, 200, 270, 64, 64, dtype, device, seed=1)
     m = random_mask(2, 2, 200, 270, block_size, device, seed=2)
     check(q, k, v, m, block_size, is_causal=is_causal)
+
+
+@pytest.mark.parametrize("block_size", [64, 128, (128, 64)])
+@pytest.mark.parametrize("D", [64, 128])
+def test_mma_sync_kernel_when_wgmma_is_disabled(device, monkeypatch, block_size, D):
+    # On Hopper the wgmma kernel is the default; the mma.sync one (every other
+    # tensor-core GPU) must stay right there too.
+    if device.type != "cuda":
+        pytest.skip("a CUDA executor choice")
+    monkeypatch.setenv("BARACUDA_DISABLE_WGMMA", "1")
+    q, k, v = inputs(2, 4, 2, 300, 517, D, D, torch.bfloat16, device, seed=7)
+    m = random_mask(2, 4, 300, 517, block_size, device, seed=8)
+    check(q, k, v, m, block_size)
+    check(q, k, v, m, block_size, is_causal=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -211,6 +231,10 @@ def test_strided_inputs(device, dtype):
     # Expanded (stride-0) key heads.
     k1 = torch.randn(B, 1, L, D, generator=g).to(dtype).to(device).expand(B, 2, L, D)
     check(q, k1, v, m, 64)
+    # A query broadcast over the batch, and one key repeated along the sequence.
+    q1 = q[:1].expand(B, -1, -1, -1)
+    k2 = torch.randn(B, 2, 1, D, generator=g).to(dtype).to(device).expand(B, 2, L, D)
+    check(q1, k2, v, m, 64, is_causal=True)
 
 
 # ---------------------------------------------------------------- mask builders

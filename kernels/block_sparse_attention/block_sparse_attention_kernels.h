@@ -44,7 +44,7 @@ struct BlockSparseAttentionArgs {
 };
 
 // Which executor a call runs on.
-enum class AttentionPath : int { kHost, kCudaGeneric, kCudaTensorCore };
+enum class AttentionPath : int { kHost, kCudaGeneric, kCudaTensorCore, kCudaHopper };
 
 // Rows of one CTA of the tensor-core kernel for this problem, 0 when that
 // kernel cannot run it: float16/bfloat16, head_dim == v_dim in {64, 128},
@@ -73,6 +73,11 @@ KernelStatus block_sparse_attention_generic_cuda(const BlockSparseAttentionArgs&
 // The mma.sync kernel; only for problems with tensor_core_tile_rows(a) > 0.
 KernelStatus block_sparse_attention_tensor_core_cuda(const BlockSparseAttentionArgs& a,
                                                      void* stream);
+// The wgmma + TMA kernel for the same problems, on Hopper GPUs.
+KernelStatus block_sparse_attention_hopper_cuda(const BlockSparseAttentionArgs& a, void* stream);
+// Whether the Hopper kernel can run on `device`: built for sm_90a, a compute
+// capability 9.x GPU, and a driver that encodes tensor maps.
+bool block_sparse_attention_hopper_available(int device);
 
 // ---------------------------------------------------------------- visibility
 //

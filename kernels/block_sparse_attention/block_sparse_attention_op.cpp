@@ -9,6 +9,8 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <tuple>
 
@@ -140,13 +142,15 @@ BlockSparseAttentionArgs make_args(const Problem& p, const at::Tensor& q, const 
   return a;
 }
 
-// The tensor-core kernel wants unit inner strides and 16-byte aligned rows; a
-// tensor that misses only that is copied once into a fresh contiguous buffer.
+// The tensor-core kernels want unit inner strides and 16-byte aligned rows,
+// and distinct rows (the tensor copy engine cannot repeat one along the
+// sequence; repeated batches or heads are fine); a tensor that misses only
+// that is copied once into a fresh contiguous buffer.
 at::Tensor tensor_core_ready(const at::Tensor& t) {
   const bool ok = t.stride(3) == 1 && reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0 &&
                   (t.size(0) == 1 || t.stride(0) % 8 == 0) &&
                   (t.size(1) == 1 || t.stride(1) % 8 == 0) &&
-                  (t.size(2) == 1 || t.stride(2) % 8 == 0);
+                  (t.size(2) == 1 || (t.stride(2) % 8 == 0 && t.stride(2) != 0));
   return ok ? t : t.clone(at::MemoryFormat::Contiguous);
 }
 
@@ -156,6 +160,13 @@ bool tensor_core_shape(const Problem& p) {
   const int64_t D = p.q.size(3);
   return (s == at::kHalf || s == at::kBFloat16) && p.v.size(3) == D && (D == 64 || D == 128) &&
          p.block_q % 64 == 0 && p.block_k % 64 == 0;
+}
+
+// BARACUDA_DISABLE_WGMMA=1 keeps Hopper GPUs on the mma.sync kernel: to
+// compare the two, or to rule the newer one out when chasing a problem.
+bool wgmma_disabled() {
+  const char* value = std::getenv("BARACUDA_DISABLE_WGMMA");
+  return value != nullptr && value[0] != '\0' && std::strcmp(value, "0") != 0;
 }
 
 struct Plan {
@@ -170,8 +181,15 @@ Plan plan(const Problem& p) {
     return {AttentionPath::kHost, p.q.to(at::kFloat), p.k.to(at::kFloat), p.v.to(at::kFloat)};
   }
   if (tensor_core_shape(p)) {
-    return {AttentionPath::kCudaTensorCore, tensor_core_ready(p.q), tensor_core_ready(p.k),
-            tensor_core_ready(p.v)};
+#ifdef BARACUDA_WITH_CUDA
+    const AttentionPath path =
+        !wgmma_disabled() && block_sparse_attention_hopper_available(p.q.get_device())
+            ? AttentionPath::kCudaHopper
+            : AttentionPath::kCudaTensorCore;
+#else
+    const AttentionPath path = AttentionPath::kCudaTensorCore;
+#endif
+    return {path, tensor_core_ready(p.q), tensor_core_ready(p.k), tensor_core_ready(p.v)};
   }
   return {AttentionPath::kCudaGeneric, p.q, p.k, p.v};
 }
@@ -181,6 +199,7 @@ const char* path_name(AttentionPath path) {
     case AttentionPath::kHost: return "cpu";
     case AttentionPath::kCudaGeneric: return "cuda_generic";
     case AttentionPath::kCudaTensorCore: return "cuda_tensor_core";
+    case AttentionPath::kCudaHopper: return "cuda_wgmma";
   }
   return "unknown";
 }
@@ -204,10 +223,15 @@ std::tuple<at::Tensor, at::Tensor> block_sparse_attention(
 #ifdef BARACUDA_WITH_CUDA
     const c10::DeviceGuard guard(q_in.device());
     void* stream = current_cuda_stream(q_in);
-    check_status(pl.path == AttentionPath::kCudaTensorCore
-                     ? block_sparse_attention_tensor_core_cuda(a, stream)
-                     : block_sparse_attention_generic_cuda(a, stream),
-                 kOp, "attention");
+    KernelStatus status = KernelStatus::ok();
+    switch (pl.path) {
+      case AttentionPath::kCudaHopper: status = block_sparse_attention_hopper_cuda(a, stream); break;
+      case AttentionPath::kCudaTensorCore:
+        status = block_sparse_attention_tensor_core_cuda(a, stream);
+        break;
+      default: status = block_sparse_attention_generic_cuda(a, stream); break;
+    }
+    check_status(status, kOp, "attention");
 #else
     TORCH_CHECK(false, "baracuda::", kOp, ": built without CUDA kernels; got ", q_in.device());
 #endif

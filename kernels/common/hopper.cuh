@@ -1,0 +1,115 @@
+// Hopper (sm_90) building blocks: transaction barriers in shared memory, the
+// bulk tensor copy engine (TMA) and the warpgroup matrix-multiply fences and
+// shared-memory descriptors. Everything here needs compute capability 9.0;
+// the wgmma parts need the sm_90a target. No torch headers.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/cp_async.cuh"
+
+namespace baracuda {
+
+// ---------------------------------------------------------------- mbarrier
+//
+// A 64-bit barrier in shared memory that completes a phase once `count`
+// threads have arrived and every byte announced with expect_tx has landed.
+// Waiters name the phase they wait for by its parity (0 for the first).
+
+__device__ inline void mbarrier_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(count));
+}
+
+// Makes initialised barriers visible to the copy engine; follow with a
+// block-wide barrier before any thread uses them.
+__device__ inline void mbarrier_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// One arrival that also announces `bytes` still to come from the copy engine.
+__device__ inline void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(
+                   smem_address(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+__device__ inline void mbarrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(bar)) : "memory");
+}
+
+__device__ inline void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n"
+        " mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_address(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// ---------------------------------------------------------------- TMA
+
+// One box of a 4-D tensor map into shared memory (1024-byte aligned for the
+// 128-byte swizzle); completion is counted on `bar` in bytes. Coordinates are
+// in elements, innermost first; out-of-range parts of the box read as zero.
+__device__ inline void tma_load_4d(void* dst, const CUtensorMap* map, int c0, int c1, int c2,
+                                   int c3, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(smem_address(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+      "r"(smem_address(bar))
+      : "memory");
+}
+
+// ---------------------------------------------------------------- wgmma
+
+// Orders this thread's register accesses before the warpgroup MMAs issued next.
+__device__ inline void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ inline void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+// Waits until at most N committed MMA groups of the warpgroup are in flight.
+template <int N>
+__device__ inline void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// Moves registers between warpgroups (the kernel must start with a register
+// cap, __launch_bounds__(threads, 1)): a warpgroup that only issues copies
+// gives most of its registers up so the MMA warpgroups can hold more.
+template <int REGS>
+__device__ inline void warpgroup_registers_release() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+template <int REGS>
+__device__ inline void warpgroup_registers_claim() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+
+// Pins a register at this point of the program: accumulators that an
+// in-flight MMA writes must not be read or moved across the wait.
+template <int N>
+__device__ inline void register_fence(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+// Shared-memory matrix descriptor for a tile stored with the 128-byte swizzle
+// (rows of 128 bytes, groups of 8 rows 1024 bytes apart, as TMA writes it
+// with CU_TENSOR_MAP_SWIZZLE_128B). `leading_bytes` is the distance between
+// 64-element column panels for an MN-major operand (unused for K-major).
+__device__ inline uint64_t swizzle128_descriptor(const void* tile, uint32_t leading_bytes) {
+  const uint64_t address = smem_address(tile);
+  return ((address & 0x3FFFF) >> 4) | (uint64_t{(leading_bytes >> 4) & 0x3FFF} << 16) |
+         (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
+}
+
+}  // namespace baracuda
