@@ -1,11 +1,14 @@
 """Time vs sparsity of block-sparse attention, FlexAttention and dense SDPA.
 
     PYTHONPATH=. python benchmarks/plot_block_sparse_attention.py [--quick]
+    python benchmarks/plot_block_sparse_attention.py --from-csv FILE [--title TEXT]
 
 Random block masks (causal off) at several densities, bf16, B=4, H=16,
 L=8192, D=128, block 128. Always writes the numbers to
 ``benchmarks/block_sparse_attention_sparsity.csv``; also draws
 ``block_sparse_attention_sparsity.png`` when matplotlib is installed.
+``--from-csv`` only draws, from numbers measured earlier (on a GPU machine
+without matplotlib, say).
 """
 
 import argparse
@@ -45,39 +48,50 @@ def measure(device, quick):
     return rows
 
 
+def draw(rows, title, png):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = [100 * float(r["sparsity"]) for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(x, [float(r["ours_us"]) / 1e3 for r in rows], "o-", label="baracuda block_sparse_attention")
+    if rows[0]["flex_us"] not in (None, ""):
+        ax.plot(x, [float(r["flex_us"]) / 1e3 for r in rows], "s-", label="FlexAttention (compiled)")
+    ax.plot(x, [float(r["dense_sdpa_us"]) / 1e3 for r in rows], "--", label="dense SDPA")
+    ax.set_xlabel("tiles off (%)")
+    ax.set_ylabel("time (ms)")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+    print(f"wrote {png}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--from-csv", help="draw the PNG from this CSV instead of measuring")
+    ap.add_argument("--title", help="plot title (default: names the device)")
     args = ap.parse_args()
-    rows = measure(torch.device(args.device), args.quick)
     base = os.path.join(HERE, "block_sparse_attention_sparsity")
-    with open(base + ".csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    print(open(base + ".csv").read(), end="")
+    if args.from_csv:
+        with open(args.from_csv, newline="") as f:
+            rows = list(csv.DictReader(f))
+    else:
+        rows = measure(torch.device(args.device), args.quick)
+        with open(base + ".csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+        print(open(base + ".csv").read(), end="")
+    title = args.title or f"bf16 attention, random block mask, {args.device}"
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        draw(rows, title, base + ".png")
     except ImportError:
         print("matplotlib not installed: wrote the CSV only")
-        return
-    x = [100 * r["sparsity"] for r in rows]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(x, [r["ours_us"] / 1e3 for r in rows], "o-", label="baracuda block_sparse_attention")
-    if rows[0]["flex_us"] is not None:
-        ax.plot(x, [r["flex_us"] / 1e3 for r in rows], "s-", label="FlexAttention (compiled)")
-    ax.plot(x, [r["dense_sdpa_us"] / 1e3 for r in rows], "--", label="dense SDPA")
-    ax.set_xlabel("tiles off (%)")
-    ax.set_ylabel("time (ms)")
-    ax.set_title(f"bf16 attention, random block mask, {args.device}")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(base + ".png", dpi=120)
-    print(f"wrote {base}.png")
 
 
 if __name__ == "__main__":
