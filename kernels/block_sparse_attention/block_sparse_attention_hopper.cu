@@ -25,9 +25,7 @@
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
 
-#include <cmath>
 #include <cstdint>
-#include <type_traits>
 
 #include "block_sparse_attention/block_sparse_attention_kernels.h"
 #include "block_sparse_attention/block_sparse_attention_tile.cuh"
