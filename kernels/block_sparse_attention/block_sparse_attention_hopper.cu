@@ -336,7 +336,7 @@ KernelStatus launch(const BlockSparseAttentionArgs& a, cudaStream_t stream) {
   // Three stages where they fit in the 227 KiB one CTA may have; 64-row
   // CTAs keep two so that two of them fit on an SM.
   constexpr int kStages =
-      kConsumers > 1 && (M * D + 3 * 2 * N * D) * 2 + 2048 <= 227 * 1024 ? 3 : 2;
+      kConsumers > 1 && HopperLayout<D, M, N, 3>::kAllocBytes <= 227 * 1024 ? 3 : 2;
   using L = HopperLayout<D, M, N, kStages>;
   const int64_t q_tiles = ceil_div(a.q_len, M);
   const int64_t ctas = q_tiles * a.batch * a.heads;
