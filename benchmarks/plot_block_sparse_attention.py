@@ -1,7 +1,7 @@
 """Time vs sparsity of block-sparse attention, FlexAttention and dense SDPA.
 
     PYTHONPATH=. python benchmarks/plot_block_sparse_attention.py [--quick]
-    python benchmarks/plot_block_sparse_attention.py --from-csv FILE [--title TEXT]
+    PYTHONPATH=. python benchmarks/plot_block_sparse_attention.py --from-csv FILE [--title TEXT]
 
 Random block masks (causal off) at several densities, bf16, B=4, H=16,
 L=8192, D=128, block 128. Always writes the numbers to
