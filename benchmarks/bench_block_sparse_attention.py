@@ -4,8 +4,10 @@ Patterns: all blocks on, causal, sliding window 1024 + one sink block, and
 random 10 % of blocks, each at block 128 and block 64. Peers, on the same
 mask: FlexAttention (``torch.compile(flex_attention)`` with a ``BlockMask``
 built from our block mask, so both skip the same tiles) and dense
-``F.scaled_dot_product_attention`` (flash backend; ``is_causal`` for the
-causal pattern, no mask otherwise -- the cost of ignoring the sparsity).
+``F.scaled_dot_product_attention`` (``is_causal`` for the causal patterns,
+no mask otherwise -- the cost of ignoring the sparsity), twice: restricted to
+its flash backend, and with the backend torch picks by default (cuDNN's
+attention on an H100 with recent torch, faster than flash there).
 Throughput is TFLOP/s on the pairs actually computed
 (``baracuda_torch.attention_flops``). First-call latency of ours and of Flex
 (its compile) is reported in each pattern's note.
@@ -58,6 +60,16 @@ def flex_block_mask(m, L, block_size, is_causal):
                                     mask_mod=mask_mod, seq_lengths=(L, L))
 
 
+def dense_sdpa(q, k, v, causal, flash_only):
+    """Dense SDPA, restricted to the flash backend or on torch's default pick."""
+    if not flash_only:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
 def first_call_ms(fn):
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -106,10 +118,13 @@ def cases(device, quick=False):
                                  peer=peer_flex, peer_name="FlexAttention (compiled)", note=note,
                                  reps=20))
                 note = ""
-            peer_sdpa = lambda c=causal: F.scaled_dot_product_attention(q, k, v, is_causal=c)  # noqa: E731
-            rows.append(Case(name, dtype="bfloat16", bytes_moved=0, flops=flops, ours=ours,
-                             peer=peer_sdpa, peer_name="dense SDPA" + (" causal" if causal else ""),
-                             note=note, reps=20))
+            for flash_only in (True, False):
+                peer_sdpa = lambda c=causal, f=flash_only: dense_sdpa(q, k, v, c, f)  # noqa: E731
+                peer_name = ("dense SDPA" + (" causal" if causal else "")
+                             + (", flash backend" if flash_only else ", default backend"))
+                rows.append(Case(name, dtype="bfloat16", bytes_moved=0, flops=flops, ours=ours,
+                                 peer=peer_sdpa, peer_name=peer_name, note=note, reps=20))
+                note = ""
             out += rows
             if quick:
                 break

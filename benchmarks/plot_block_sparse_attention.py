@@ -1,4 +1,4 @@
-"""Time vs sparsity of block-sparse attention, FlexAttention and dense SDPA.
+"""Time vs sparsity of block-sparse attention, FlexAttention and dense SDPA (two backends).
 
     PYTHONPATH=. python benchmarks/plot_block_sparse_attention.py [--quick]
     PYTHONPATH=. python benchmarks/plot_block_sparse_attention.py --from-csv FILE [--title TEXT]
@@ -17,7 +17,6 @@ import os
 import sys
 
 import torch
-import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -25,7 +24,7 @@ sys.path.insert(0, HERE)
 import baracuda_torch as bt  # noqa: E402
 from baracuda_torch import masks  # noqa: E402
 from baracuda_torch._timing import median_us  # noqa: E402
-from bench_block_sparse_attention import flex, flex_block_mask  # noqa: E402
+from bench_block_sparse_attention import dense_sdpa, flex, flex_block_mask  # noqa: E402
 
 DENSITIES = [1.0, 0.5, 0.3, 0.2, 0.1, 0.05]
 
@@ -33,7 +32,9 @@ DENSITIES = [1.0, 0.5, 0.3, 0.2, 0.1, 0.05]
 def measure(device, quick):
     B, H, L, D, bs = (1, 2, 1024, 128, 128) if quick else (4, 16, 8192, 128, 128)
     q, k, v = (torch.randn(B, H, L, D, device=device, dtype=torch.bfloat16) for _ in range(3))
-    dense_us = median_us(lambda: F.scaled_dot_product_attention(q, k, v), device, reps=10)
+    dense_us = median_us(lambda: dense_sdpa(q, k, v, False, False), device, reps=10)
+    flash_us = (median_us(lambda: dense_sdpa(q, k, v, False, True), device, reps=10)
+                if device.type == "cuda" else None)
     rows = []
     for density in DENSITIES:
         m = masks.random(L, L, bs, density=density, batch=B, heads=H,
@@ -44,7 +45,7 @@ def measure(device, quick):
             bm = flex_block_mask(m, L, bs, False)
             flex_us = median_us(lambda: flex()(q, k, v, block_mask=bm), device, reps=10)
         rows.append(dict(sparsity=1 - float(m.float().mean()), ours_us=ours_us, flex_us=flex_us,
-                         dense_sdpa_us=dense_us))
+                         dense_sdpa_us=dense_us, dense_sdpa_flash_us=flash_us))
     return rows
 
 
@@ -59,7 +60,10 @@ def draw(rows, title, png):
     ax.plot(x, [float(r["ours_us"]) / 1e3 for r in rows], "o-", label="baracuda block_sparse_attention")
     if rows[0]["flex_us"] not in (None, ""):
         ax.plot(x, [float(r["flex_us"]) / 1e3 for r in rows], "s-", label="FlexAttention (compiled)")
-    ax.plot(x, [float(r["dense_sdpa_us"]) / 1e3 for r in rows], "--", label="dense SDPA")
+    ax.plot(x, [float(r["dense_sdpa_us"]) / 1e3 for r in rows], "--", label="dense SDPA, default backend")
+    if rows[0].get("dense_sdpa_flash_us") not in (None, ""):
+        ax.plot(x, [float(r["dense_sdpa_flash_us"]) / 1e3 for r in rows], ":",
+                label="dense SDPA, flash backend")
     ax.set_xlabel("tiles off (%)")
     ax.set_ylabel("time (ms)")
     ax.set_title(title)
