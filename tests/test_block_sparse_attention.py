@@ -130,6 +130,26 @@ def test_d128_long_tail(device, dtype):
     check(q, k, v, m, 128, is_causal=True)
 
 
+@pytest.mark.parametrize("block_size", [128, 64])
+def test_more_query_tiles_than_resident_ctas(device, block_size):
+    # The wgmma kernel's grid is persistent: each CTA takes many query tiles,
+    # some with no key tile at all, and the work counter must start over on
+    # every call (a second call gives the same bits).
+    if device.type != "cuda":
+        pytest.skip("a property of the CUDA grid")
+    q, k, v = inputs(3, 16, 4, 1100, 900, 128, 128, torch.bfloat16, device, seed=11)
+    g = torch.Generator().manual_seed(12)
+    nbq, nbk = masks.num_blocks(1100, 900, block_size)
+    m = torch.rand(3, 16, nbq, nbk, generator=g) < 0.4
+    m[:, :, ::5] = False  # whole query blocks with nothing to visit
+    m = m.to(device)
+    for is_causal in (False, True):
+        out, lse = check(q, k, v, m, block_size, is_causal=is_causal)
+        again, lse_again = bt.block_sparse_attention(q, k, v, m, block_size=block_size,
+                                                     is_causal=is_causal, return_lse=True)
+        assert torch.equal(out, again) and torch.equal(lse, lse_again)
+
+
 def test_different_value_dim(device):
     q, k, v = inputs(1, 2, 2, 40, 70, 32, 48, torch.float32, device)
     check(q, k, v, random_mask(1, 2, 40, 70, 16, device), 16)

@@ -73,8 +73,11 @@ KernelStatus block_sparse_attention_generic_cuda(const BlockSparseAttentionArgs&
 // The mma.sync kernel; only for problems with tensor_core_tile_rows(a) > 0.
 KernelStatus block_sparse_attention_tensor_core_cuda(const BlockSparseAttentionArgs& a,
                                                      void* stream);
-// The wgmma + TMA kernel for the same problems, on Hopper GPUs.
-KernelStatus block_sparse_attention_hopper_cuda(const BlockSparseAttentionArgs& a, void* stream);
+// The wgmma + TMA kernel for the same problems, on Hopper GPUs. Its grid is
+// persistent and hands out work through `work_counter`, one int32 in device
+// memory that must be zero when the kernel starts.
+KernelStatus block_sparse_attention_hopper_cuda(const BlockSparseAttentionArgs& a, int* work_counter,
+                                               void* stream);
 // Whether the Hopper kernel can run on `device`: built for sm_90a, a compute
 // capability 9.x GPU, and a driver that encodes tensor maps.
 bool block_sparse_attention_hopper_available(int device);

@@ -5,6 +5,7 @@
 //   block_sparse_attention_path(...)  which executor the same call runs on
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
@@ -225,7 +226,12 @@ std::tuple<at::Tensor, at::Tensor> block_sparse_attention(
     void* stream = current_cuda_stream(q_in);
     KernelStatus status = KernelStatus::ok();
     switch (pl.path) {
-      case AttentionPath::kCudaHopper: status = block_sparse_attention_hopper_cuda(a, stream); break;
+      case AttentionPath::kCudaHopper: {
+        // The persistent kernel's work counter starts at zero on every call.
+        at::Tensor counter = at::zeros({1}, q_in.options().dtype(at::kInt));
+        status = block_sparse_attention_hopper_cuda(a, counter.data_ptr<int>(), stream);
+        break;
+      }
       case AttentionPath::kCudaTensorCore:
         status = block_sparse_attention_tensor_core_cuda(a, stream);
         break;

@@ -38,12 +38,15 @@ struct QueryTile {
   int64_t b, h, kv_head, q0, q_last;
 };
 
-// Work order: query tile outermost, so every head's tile of one rank runs
-// together; with causal attention the last tiles (the most keys) go first.
+// Work order: (batch, head) outermost, so the tiles that run at the same
+// time belong to a few heads and read the same keys and values, which then
+// come from L2 rather than from memory (tile-rank outermost spread them over
+// every head, and a random mask then read most K/V tiles from memory once per
+// query tile). With causal attention a head's last tiles (the most keys) go
+// first.
 __device__ inline QueryTile query_tile(const BlockSparseAttentionArgs& a, int64_t cta,
                                        int64_t q_tiles, int M) {
-  const int64_t heads_total = a.batch * a.heads;
-  const int64_t rank = cta / heads_total, bh = cta % heads_total;
+  const int64_t bh = cta / q_tiles, rank = cta % q_tiles;
   const int64_t qt = a.causal ? q_tiles - 1 - rank : rank;
   QueryTile t;
   t.h = bh % a.heads;
@@ -56,22 +59,25 @@ __device__ inline QueryTile query_tile(const BlockSparseAttentionArgs& a, int64_
 
 // The key tiles (`tile_keys` keys each, a divisor of block_k) a query tile
 // visits: those of mask blocks that are on, up to the last visible key.
-// Every thread reads the same mask bytes, so the walk is uniform.
+// Every thread reads the same mask bytes, so the walk is uniform. Tile
+// indices are 32-bit (the kernels address keys with 32-bit coordinates), which
+// keeps the division per mask probe cheap: a sparse mask makes a producer
+// probe many blocks per tile it finds.
 struct KeyTileWalk {
   const BlockSparseAttentionArgs& a;
   const uint8_t* mask_row;
-  int64_t n_tiles, tiles_per_block;
+  int n_tiles, tiles_per_block;
 
   __device__ KeyTileWalk(const BlockSparseAttentionArgs& args, const QueryTile& t, int tile_keys)
       : a(args),
         mask_row(baracuda::mask_row(args, t.b, t.h, t.q0 / args.block_q)),
-        n_tiles((visible_key_end(args, t.q_last) + tile_keys - 1) / tile_keys),
-        tiles_per_block(args.block_k / tile_keys) {}
+        n_tiles(static_cast<int>((visible_key_end(args, t.q_last) + tile_keys - 1) / tile_keys)),
+        tiles_per_block(static_cast<int>(args.block_k / tile_keys)) {}
 
   // First tile at or after `t` whose mask block is on (n_tiles if none).
-  __device__ int64_t next(int64_t t) const {
+  __device__ int next(int t) const {
     while (t < n_tiles) {
-      const int64_t kb = t / tiles_per_block;
+      const int kb = t / tiles_per_block;
       if (key_block_on(a, mask_row, kb)) return t;
       t = (kb + 1) * tiles_per_block;
     }

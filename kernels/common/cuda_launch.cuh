@@ -26,6 +26,31 @@ inline KernelStatus launch_status() { return to_status(cudaGetLastError()); }
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// How many blocks of `kernel` the device holds at once.
+template <typename Kernel>
+inline int64_t resident_capacity(Kernel kernel, int threads, size_t smem_bytes) {
+  int device = 0;
+  cudaGetDevice(&device);
+  // The occupancy query costs ~8 µs of host time (measured on an H100 host),
+  // more than many of these kernels run, so each answer is kept.
+  using Key = std::tuple<const void*, int, int, size_t>;
+  static std::mutex mutex;
+  static std::map<Key, int64_t> resident_of;
+  const Key key{reinterpret_cast<const void*>(kernel), device, threads, smem_bytes};
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    const auto it = resident_of.find(key);
+    if (it != resident_of.end()) return it->second;
+  }
+  int sms = 1, per_sm = 1;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem_bytes);
+  const int64_t resident = int64_t{std::max(sms, 1)} * std::max(per_sm, 1);
+  std::lock_guard<std::mutex> lock(mutex);
+  resident_of[key] = resident;
+  return resident;
+}
+
 // Blocks for a kernel that walks `work` items with a block-stride loop: no
 // more than the device holds at once (so none waits for a free SM), and no
 // more than it takes to finish in the same number of rounds, so that every
@@ -35,28 +60,7 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 template <typename Kernel>
 inline unsigned resident_blocks(Kernel kernel, int threads, size_t smem_bytes, int64_t work) {
   if (work <= 0) return 1;
-  int device = 0;
-  cudaGetDevice(&device);
-  // The occupancy query costs ~8 µs of host time (measured on an H100 host),
-  // more than many of these kernels run, so each answer is kept.
-  using Key = std::tuple<const void*, int, int, size_t>;
-  static std::mutex mutex;
-  static std::map<Key, int64_t> resident_of;
-  const Key key{reinterpret_cast<const void*>(kernel), device, threads, smem_bytes};
-  int64_t resident = 0;
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    const auto it = resident_of.find(key);
-    if (it != resident_of.end()) resident = it->second;
-  }
-  if (resident == 0) {
-    int sms = 1, per_sm = 1;
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem_bytes);
-    resident = int64_t{std::max(sms, 1)} * std::max(per_sm, 1);
-    std::lock_guard<std::mutex> lock(mutex);
-    resident_of[key] = resident;
-  }
+  const int64_t resident = resident_capacity(kernel, threads, smem_bytes);
   const int64_t rounds = ceil_div(work, resident);
   return static_cast<unsigned>(ceil_div(work, rounds));
 }
