@@ -302,9 +302,10 @@ __device__ inline void produce(const CUtensorMap* q_map, const CUtensorMap* k_ma
   }
 }
 
-// A persistent grid of one 128-row CTA per SM (which moves registers from
-// the producer to the consumers) or two 64-row CTAs per SM (one would leave
-// the tensor cores idle during its softmax).
+// A persistent grid of as many CTAs as fit at once: one 128-row CTA per SM
+// (which moves registers from the producer to the consumers), or 64-row CTAs
+// sized so that at least two share an SM (one would leave the tensor cores
+// idle during its softmax).
 template <typename T, int D, int kConsumers, int N, int STAGES>
 __global__ void __launch_bounds__(hopper_threads<kConsumers>(), kConsumers == 1 ? 2 : 1)
     hopper_attention(const __grid_constant__ CUtensorMap q_map,
