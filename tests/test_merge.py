@@ -162,6 +162,47 @@ def test_in_place_matches_out_of_place_and_returns_inputs(device, rng):
     assert torch.equal(v, expected[0]) and torch.equal(s, expected[1])
 
 
+def padded_copy(t, pad):
+    """`t`'s values behind strides that no contiguous tensor has: the last
+    axis padded by `pad` elements of NaN, then sliced back."""
+    wide = torch.full((*t.shape[:-1], t.shape[-1] + pad), float("nan"), dtype=t.dtype, device=t.device)
+    wide[..., :t.shape[-1]] = t
+    return wide[..., :t.shape[-1]]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_dense_and_strided_layouts_give_identical_bits(device, dtype, rng):
+    # On CUDA contiguous states take the dense kernels and padded ones the
+    # general kernels; both must give the same bits, in place too (where the
+    # dense kernel is used only when a cell's lanes share a warp).
+    for d in (8, 64, 96, 128, 256, 512):
+        for n in (1, 2, 3, 8, 9, 13):
+            v, s = random_state((5, n, 3, d), dtype, device, rng)
+            s[0, 0] = NEG_INF
+            if n >= 2:
+                s[1] = NEG_INF
+            dense = bt.merge_states(v, s)
+            strided = bt.merge_states(padded_copy(v, 8), padded_copy(s.unsqueeze(-1), 1).squeeze(-1))
+            assert torch.equal(bits(dense[0]), bits(strided[0])), (d, n)
+            assert torch.equal(bits(dense[1]), bits(strided[1])), (d, n)
+        va, sa = random_state((6, 3, d), dtype, device, rng)
+        vb, sb = random_state((6, 3, d), dtype, device, rng)
+        sa[0, 0], sb[1, 1] = NEG_INF, NEG_INF
+        dense = bt.merge_state(va, sa, vb, sb)
+        strided = bt.merge_state(padded_copy(va, 8), sa, padded_copy(vb, 8), sb)
+        v, s = va.clone(), sa.clone()
+        bt.merge_state_(v, s, vb, sb)
+        for got in (strided, (v, s)):
+            assert torch.equal(bits(dense[0]), bits(got[0])), d
+            assert torch.equal(bits(dense[1]), bits(got[1])), d
+
+
+def test_merge_states_with_batch_axes(device, rng):
+    # [batch, seq, n, heads, dim]: the stack axis sits between cell axes.
+    v, s = random_state((2, 3, 5, 4, 64), torch.bfloat16, device, rng)
+    check_close(bt.merge_states(v, s), reference(v, s, "2"), torch.bfloat16)
+
+
 # ---------------------------------------------------------------- autograd
 
 

@@ -10,6 +10,16 @@ namespace baracuda {
 
 enum class FloatDtype : int { kFloat16, kBFloat16, kFloat32, kFloat64 };
 
+inline int float_dtype_bytes(FloatDtype dtype) {
+  switch (dtype) {
+    case FloatDtype::kFloat16:
+    case FloatDtype::kBFloat16: return 2;
+    case FloatDtype::kFloat32: return 4;
+    case FloatDtype::kFloat64: return 8;
+  }
+  return 0;
+}
+
 // Calls fn(T{}) with T the storage type of `dtype`. Half and BFloat16 name the
 // caller's 16-bit types (the device's, or c10's in host code); void means the
 // caller takes no 16-bit storage (its op layer upcasts those inputs).

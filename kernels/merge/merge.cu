@@ -15,45 +15,14 @@
 #include "common/compute_types.cuh"
 #include "common/cuda_launch.cuh"
 #include "common/offset_calculator.cuh"
+#include "merge/merge_chunk.cuh"
+#include "merge/merge_dense.h"
 #include "merge/merge_kernels.h"
-#include "merge/merge_math.h"
 
 namespace baracuda {
 namespace {
 
-// LSE storage: float32, except float64 with float64 states.
-template <typename T> using lse_t = compute_t<T>;
-
-// Chunk `chunk` of a head_dim vector at storage width: a lane holding several
-// loads in flight keeps them unconverted (half the registers for 16-bit
-// types, and registers decide occupancy here). VEC == 1 follows `stride`.
-template <typename T, int VEC>
-__device__ inline Pack<T, VEC> load_raw(const T* base, int64_t chunk, int64_t stride = 1) {
-  if constexpr (VEC == 1) {
-    return Pack<T, 1>{{base[chunk * stride]}};
-  } else {
-    return *reinterpret_cast<const Pack<T, VEC>*>(base + chunk * VEC);
-  }
-}
-
-template <typename T, int VEC>
-__device__ inline void load(const T* base, int64_t chunk, int64_t stride, compute_t<T> (&out)[VEC]) {
-  const Pack<T, VEC> v = load_raw<T, VEC>(base, chunk, stride);
-#pragma unroll
-  for (int e = 0; e < VEC; ++e) out[e] = to_compute(v.x[e]);
-}
-
-template <typename T, int VEC>
-__device__ inline void store(T* base, int64_t chunk, int64_t stride, const compute_t<T> (&in)[VEC]) {
-  if constexpr (VEC == 1) {
-    base[chunk * stride] = from_compute<T>(in[0]);
-  } else {
-    Pack<T, VEC> v;
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) v.x[e] = from_compute<T>(in[e]);
-    *reinterpret_cast<Pack<T, VEC>*>(base + chunk * VEC) = v;
-  }
-}
+using namespace merge;
 
 // Lanes of a warp-aligned group of `group` lanes (a power of two) sum x.
 template <typename C>
@@ -129,18 +98,6 @@ __device__ inline void cell_weights_cooperative(bool valid, int64_t num_states, 
   __syncwarp();
   total = 0;
   for (int64_t i = 0; i < num_states; ++i) total += weights[i];
-}
-
-// Weighted sum of one chunk, normalised. Accumulators start at -0, the
-// identity of addition, and a state of weight 0 is never added: a lone state
-// comes back bit for bit (signed zeros included), whatever an empty state
-// holds. Both forward kernels finish a chunk here, so the pair and the stack
-// forms round alike.
-template <typename C, int VEC>
-__device__ inline void normalise(C (&acc)[VEC], C total) {
-  const C scale = inverse_total(total);
-#pragma unroll
-  for (int e = 0; e < VEC; ++e) acc[e] = total > 0 ? acc[e] * scale : C(0);
 }
 
 // Stack form: state i of a cell is v[0] + i * v_state_stride.
@@ -505,6 +462,8 @@ KernelStatus backward_typed(const MergeBackwardArgs& a, cudaStream_t stream) {
 }  // namespace
 
 KernelStatus merge_forward_cuda(const MergeForwardArgs& a, void* stream) {
+  const DenseMergeLayout dense = dense_forward_layout(a, float_dtype_bytes(a.dtype));
+  if (dense.dense) return merge_forward_dense_cuda(a, dense, stream);
   return dispatch_float_dtype<__half, __nv_bfloat16>(a.dtype, [&](auto t) {
     return forward_typed<decltype(t)>(a, static_cast<cudaStream_t>(stream));
   });

@@ -1,0 +1,61 @@
+// Device pieces every CUDA merge kernel shares: head_dim chunks moved at
+// storage width, and the final normalisation of a weighted sum. No torch
+// headers.
+#pragma once
+
+#include <cstdint>
+
+#include "common/compute_types.cuh"
+#include "merge/merge_math.h"
+
+namespace baracuda {
+namespace merge {
+
+// LSE storage: float32, except float64 with float64 states.
+template <typename T> using lse_t = compute_t<T>;
+
+// Chunk `chunk` of a head_dim vector at storage width: a lane holding several
+// loads in flight keeps them unconverted (half the registers for 16-bit
+// types, and registers decide occupancy here). VEC == 1 follows `stride`.
+template <typename T, int VEC>
+__device__ inline Pack<T, VEC> load_raw(const T* base, int64_t chunk, int64_t stride = 1) {
+  if constexpr (VEC == 1) {
+    return Pack<T, 1>{{base[chunk * stride]}};
+  } else {
+    return *reinterpret_cast<const Pack<T, VEC>*>(base + chunk * VEC);
+  }
+}
+
+template <typename T, int VEC>
+__device__ inline void load(const T* base, int64_t chunk, int64_t stride, compute_t<T> (&out)[VEC]) {
+  const Pack<T, VEC> v = load_raw<T, VEC>(base, chunk, stride);
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) out[e] = to_compute(v.x[e]);
+}
+
+template <typename T, int VEC>
+__device__ inline void store(T* base, int64_t chunk, int64_t stride, const compute_t<T> (&in)[VEC]) {
+  if constexpr (VEC == 1) {
+    base[chunk * stride] = from_compute<T>(in[0]);
+  } else {
+    Pack<T, VEC> v;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) v.x[e] = from_compute<T>(in[e]);
+    *reinterpret_cast<Pack<T, VEC>*>(base + chunk * VEC) = v;
+  }
+}
+
+// Weighted sum of one chunk, normalised. Accumulators start at -0, the
+// identity of addition, and a state of weight 0 is never added: a lone state
+// comes back bit for bit (signed zeros included), whatever an empty state
+// holds. Every forward kernel finishes a chunk here, so the pair and the stack
+// forms round alike.
+template <typename C, int VEC>
+__device__ inline void normalise(C (&acc)[VEC], C total) {
+  const C scale = inverse_total(total);
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) acc[e] = total > 0 ? acc[e] * scale : C(0);
+}
+
+}  // namespace merge
+}  // namespace baracuda
