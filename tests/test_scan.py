@@ -34,6 +34,8 @@ PATH_CASES = [
     ((300, 1100), 0, "column_tiles"),
     ((1100, 1024), 0, "column_tiles"),  # several tile groups per column
     ((40, 3, 512), 0, "column_tiles"),
+    ((300, 8200), 0, "column_strips"),     # a last strip of 8 columns, a short last step
+    ((9, 200, 1000), 1, "column_strips"),  # strips of several outer indices
 ]
 # The first case of every path (the backward tests run these).
 ONE_PER_PATH = [c for k, c in enumerate(PATH_CASES) if c[2] not in {d[2] for d in PATH_CASES[:k]}]
@@ -125,10 +127,12 @@ def test_paths():
     meta = lambda *s: torch.empty(s, device="meta")  # noqa: E731
     assert bt.scan_path(meta(0, 5), 1) == "empty"
     assert bt.scan_path(meta(4096, 8192), -1) == "rows"
-    assert bt.scan_path(meta(4096, 8192), 0) == "column_tiles"
+    assert bt.scan_path(meta(4096, 8192), 0) == "column_strips"
+    assert bt.scan_path(meta(1100, 1024), 0) == "column_tiles"  # too few strips
+    assert bt.scan_path(meta(300, 100, 40), 1) == "column_tiles"  # strip lanes 3 in 8 idle
     assert bt.scan_path(meta(40000, 3), 0) == "columns"
     assert bt.scan_path(meta(40000, 2048), 0) == "columns"  # too many tile groups
-    assert bt.scan_path(meta(16384, 8192), 0) == "columns"  # too much workspace
+    assert bt.scan_path(meta(32768, 4096), 0) == "columns"  # too much workspace
     assert bt.scan_path(meta(1, 1 << 24), -1) == "long_rows"
 
 

@@ -1,5 +1,5 @@
 // CUDA engine of the scan family: the functors of scan_ops.h run over one of
-// four paths (scan_plan.h). Every path combines in a fixed order that does
+// five paths (scan_plan.h). Every path combines in a fixed order that does
 // not depend on timing, so results are bit-identical run to run. The only
 // atomics are the tile tickets and ready flags of long_rows and column_tiles:
 // they order the work, never a value.
@@ -75,6 +75,106 @@ __global__ void __launch_bounds__(kScanBlock)
         op, row_tiles + group_first, row_tile_flags + group_first, tile - group_first, shared.scan);
     return op.combine(from_groups, from_tiles);
   });
+}
+
+// ---------------------------------------------------------------- column_strips path
+// Block b walks strip b: lane l of every warp owns column
+// (strip mod strips_per_outer) * kStripWidth + l of outer index
+// strip / strips_per_outer. A step covers kWarps * K positions, warp w the
+// K from w * K. Per step each thread folds its K elements, the warps' totals
+// go through shared memory (double-buffered, so one barrier a step), and
+// every thread folds them in warp order from the carry of the steps before:
+// the value reached at its own warp is its prefix, the full fold the next
+// carry -- the same association in every thread, whatever the timing.
+
+// Positions per warp and step: 128 bytes of loads in flight per thread, or
+// fewer where two steps' states (and what the stores read) would not fit in
+// 64 registers.
+template <typename Op>
+constexpr int kStripRows =
+    std::min<int>(128 / sizeof(typename Op::Storage),
+                  128 / (sizeof(StateOf<Op>) + (AuxTrait<Op>::kHas ? sizeof(AuxOf<Op>) : 0)));
+
+// Loads a warp's K positions of a step from `first`: the states, and the
+// op's Aux where it has one (identity / nothing past p_end).
+template <int K, typename Op>
+__device__ void load_strip_step(const Op& op, const Line& line, int64_t first, int64_t p_end,
+                                StateOf<Op> (&items)[K], AuxOf<Op> (&aux)[K]) {
+  load_run(op, line, first, p_end, items);  // its total is not used: only the loads stay
+  if constexpr (AuxTrait<Op>::kHas) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int64_t l = line.position(first + k);
+      if (first + k < p_end) aux[k] = op.aux(line.base + l * line.stride, l);
+    }
+  }
+}
+
+template <typename Op>
+__global__ void __launch_bounds__(kStripBlock)
+    column_strips_kernel(Op op, ScanShape s, bool reverse, int64_t strips_per_outer) {
+  using State = StateOf<Op>;
+  using Aux = AuxOf<Op>;
+  constexpr int K = kStripRows<Op>;
+  constexpr int kWarps = kStripBlock / 32;
+  constexpr int64_t kStepLen = int64_t{kWarps} * K;
+  __shared__ State totals[2][kWarps][kStripWidth];
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int64_t strips = s.outer * strips_per_outer;
+  for (int64_t strip = blockIdx.x; strip < strips; strip += gridDim.x) {
+    const int64_t o = strip / strips_per_outer;
+    const int64_t column = (strip - o * strips_per_outer) * kStripWidth + lane;
+    // Lanes past the last column load and store nothing but keep step with
+    // the barriers.
+    const int64_t p_end = column < s.inner ? s.len : 0;
+    const Line line{o * s.len * s.inner + column, s.inner, s.len, reverse};
+    State cur[K], next[K];
+    Aux cur_aux[K], next_aux[K];
+    load_strip_step(op, line, int64_t{warp} * K, p_end, cur, cur_aux);
+    State carry = op.identity();
+    int buffer = 0;
+    for (int64_t p0 = 0; p0 < s.len; p0 += kStepLen, buffer ^= 1) {
+      const bool more = p0 + kStepLen < s.len;
+      if (more) load_strip_step(op, line, p0 + kStepLen + int64_t{warp} * K, p_end, next, next_aux);
+      State total = op.identity();
+#pragma unroll
+      for (int k = 0; k < K; ++k) total = op.combine(total, cur[k]);
+      totals[buffer][warp][lane] = total;
+      __syncthreads();
+      State prefix = carry;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        if (w == warp) prefix = carry;
+        carry = op.combine(carry, totals[buffer][w][lane]);
+      }
+      const int64_t first = p0 + int64_t{warp} * K;
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        const int64_t p = first + k;
+        if (p < p_end) {
+          const int64_t l = line.position(p);
+          const int64_t off = line.base + l * line.stride;
+          const State incl = op.combine(prefix, cur[k]);
+          if constexpr (AuxTrait<Op>::kHas) {
+            op.store_with(off, l, prefix, incl, cur_aux[k]);
+          } else {
+            op.store(off, l, prefix, incl);
+          }
+          prefix = incl;
+        }
+      }
+      if (more) {
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+          cur[k] = next[k];
+          cur_aux[k] = next_aux[k];
+        }
+      }
+    }
+    // The next strip's first totals reuse buffer 0.
+    __syncthreads();
+  }
 }
 
 // ---------------------------------------------------------------- columns path
@@ -242,6 +342,13 @@ KernelStatus launch(const Op& op, const ScanShape& s, bool reverse, void* worksp
       const unsigned grid = static_cast<unsigned>(s.outer * plan.tiles);
       long_rows_kernel<<<grid, kScanBlock, 0, stream>>>(op, s.len, reverse, plan.tiles,
                                                         plan.groups, tile_slots<State>(workspace, w));
+      return launch_status();
+    }
+    case ScanPath::kColumnStrips: {
+      const int64_t strips = s.outer * plan.strips_per_outer;
+      const unsigned grid = static_cast<unsigned>(std::min(strips, kMaxRowBlocks));
+      column_strips_kernel<<<grid, kStripBlock, 0, stream>>>(op, s, reverse,
+                                                             plan.strips_per_outer);
       return launch_status();
     }
     case ScanPath::kColumnTiles: {

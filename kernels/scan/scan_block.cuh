@@ -8,6 +8,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "scan/scan_plan.h"
 
@@ -16,6 +17,21 @@ namespace scan {
 
 template <typename Op>
 using StateOf = typename Op::State;
+
+// The Aux of an op (scan_ops.h), or nothing.
+struct NoAux {};
+template <typename Op, typename = void>
+struct AuxTrait {
+  using type = NoAux;
+  static constexpr bool kHas = false;
+};
+template <typename Op>
+struct AuxTrait<Op, std::void_t<typename Op::Aux>> {
+  using type = typename Op::Aux;
+  static constexpr bool kHas = true;
+};
+template <typename Op>
+using AuxOf = typename AuxTrait<Op>::type;
 
 // Warp scans joined by a scan of the warp totals: a fixed, order-preserving
 // association (the ops are associative, not commutative) with a short

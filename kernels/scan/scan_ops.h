@@ -5,6 +5,11 @@
 // order). load(off, l) turns the element at memory offset `off` (position `l`
 // on the axis) into a state; store(off, l, excl, incl) receives the states of
 // everything before the element (excl) and up to and including it (incl).
+// Storage names the element type (engines size their batches by it). An op
+// whose store reads memory besides the states names that as Aux:
+// aux(off, l) reads it and store_with(off, l, excl, incl, aux) uses it, so
+// an engine that prefetches (column_strips) can load it with the states;
+// store(off, l, excl, incl) reads it on the spot.
 //
 // Compiled for host and device: the CPU engine and the CUDA engine run the
 // very same functors. T is the storage type, Acc the accumulation type
@@ -198,6 +203,7 @@ struct AffineCombine {
 template <typename T, typename Acc, template <typename> class Combine>
 struct PlainForward : Combine<Acc> {
   using State = typename Combine<Acc>::State;
+  using Storage = T;
   const T* x;
   T* y;
   BHD State load(int64_t off, int64_t) const { return to_acc<Acc>(x[off]); }
@@ -207,6 +213,7 @@ struct PlainForward : Combine<Acc> {
 template <typename T, typename Acc, bool kMax>
 struct ExtremeForward : ExtremeCombine<Acc, kMax> {
   using State = ValueIndex<Acc>;
+  using Storage = T;
   const T* x;
   T* y;
   int64_t* indices;
@@ -233,6 +240,7 @@ struct GradWithSaved {
 template <typename T, typename Acc>
 struct CumsumBackward : SumCombine<Acc> {
   using State = Acc;
+  using Storage = T;
   const T* dy;
   T* dx;
   BHD State load(int64_t off, int64_t) const { return to_acc<Acc>(dy[off]); }
@@ -246,6 +254,7 @@ struct CumsumBackward : SumCombine<Acc> {
 template <typename T, typename Acc>
 struct CumprodBackward : AffineCombine<Acc>, GradWithSaved<T> {
   using State = Affine<Acc>;
+  using Storage = T;
   using GradWithSaved<T>::dy;
   using GradWithSaved<T>::x;
   using GradWithSaved<T>::y;
@@ -257,12 +266,21 @@ struct CumprodBackward : AffineCombine<Acc>, GradWithSaved<T> {
     const Acc xv = to_acc<Acc>(x[off]);
     return {xv, xv * to_acc<Acc>(dy[off])};
   }
-  BHD void store(int64_t off, int64_t l, State excl, State) const {
-    const Acc r = to_acc<Acc>(dy[off]) + excl.shift;
+  struct Aux {
+    Acc dy;
+    Acc e;
+  };
+  BHD Aux aux(int64_t off, int64_t l) const {
     Acc e = Acc(1);
     if (!forward_reverse && l > 0) e = to_acc<Acc>(y[off - inner]);
     if (forward_reverse && l + 1 < len) e = to_acc<Acc>(y[off + inner]);
-    dx[off] = from_acc<T>(e * r);
+    return {to_acc<Acc>(dy[off]), e};
+  }
+  BHD void store_with(int64_t off, int64_t, State excl, State, const Aux& a) const {
+    dx[off] = from_acc<T>(a.e * (a.dy + excl.shift));
+  }
+  BHD void store(int64_t off, int64_t l, State excl, State incl) const {
+    store_with(off, l, excl, incl, aux(off, l));
   }
 };
 
@@ -274,6 +292,7 @@ struct CumprodBackward : AffineCombine<Acc>, GradWithSaved<T> {
 template <typename T, typename Acc>
 struct LogcumsumexpBackward : ScaledSumCombine<Acc>, GradWithSaved<T> {
   using State = ScaledSum<Acc>;
+  using Storage = T;
   using GradWithSaved<T>::dy;
   using GradWithSaved<T>::x;
   using GradWithSaved<T>::y;
@@ -284,11 +303,15 @@ struct LogcumsumexpBackward : ScaledSumCombine<Acc>, GradWithSaved<T> {
     if (yv == neg_inf<Acc>() || g == Acc(0)) return this->identity();
     return {-yv, g};
   }
-  BHD void store(int64_t off, int64_t, State, State incl) const {
-    const Acc xv = to_acc<Acc>(x[off]);
+  using Aux = Acc;  // x at the element
+  BHD Aux aux(int64_t off, int64_t) const { return to_acc<Acc>(x[off]); }
+  BHD void store_with(int64_t off, int64_t, State, State incl, Aux xv) const {
     Acc out = Acc(0);
     if (xv != neg_inf<Acc>() && incl.m != neg_inf<Acc>()) out = exp_of(xv + incl.m) * incl.s;
     dx[off] = from_acc<T>(out);
+  }
+  BHD void store(int64_t off, int64_t l, State excl, State incl) const {
+    store_with(off, l, excl, incl, aux(off, l));
   }
 };
 
@@ -298,14 +321,16 @@ struct LogcumsumexpBackward : ScaledSumCombine<Acc>, GradWithSaved<T> {
 template <typename T, typename Acc>
 struct ExtremeBackward : KeyedSumCombine<Acc> {
   using State = KeyedSum<Acc>;
+  using Storage = T;
   const T* dy;
   const int64_t* indices;
   T* dx;
   BHD State load(int64_t off, int64_t) const {
     return {indices[off], to_acc<Acc>(dy[off])};
   }
+  // incl ends with this element, so its key is idx_i: no second read.
   BHD void store(int64_t off, int64_t l, State, State incl) const {
-    dx[off] = from_acc<T>(indices[off] == l ? incl.sum : Acc(0));
+    dx[off] = from_acc<T>(incl.key == l ? incl.sum : Acc(0));
   }
 };
 

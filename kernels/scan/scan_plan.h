@@ -12,7 +12,14 @@
 //              earlier tiles of its own group -- the same association
 //              whatever the timing, so bit-identical run to run, and a tile
 //              only ever waits for tiles with smaller tickets (no deadlock).
-//   column_tiles  inner > 1 with many columns (e.g. dim 0 of [4096, 8192]):
+//   column_strips  inner > 1 with enough columns for kMinStrips strips: a
+//              block owns kStripWidth consecutive columns of one outer index
+//              (a lane per column) and walks the whole axis in steps, each
+//              warp taking kStripRows consecutive positions per step, the
+//              next step's loads in flight while the current one is scanned.
+//              The warps' totals meet in shared memory and are folded in warp
+//              order: one pass, no workspace, no waiting on other blocks.
+//   column_tiles  inner > 1 with many columns, too few for strips:
 //              a tile is kColumnTileRows positions of the axis for
 //              kColumnBlock consecutive columns (a thread per column,
 //              coalesced along inner, its rows in registers), one pass with
@@ -32,7 +39,7 @@
 
 namespace baracuda {
 
-enum class ScanPath : int { kEmpty, kRows, kLongRows, kColumnTiles, kColumns };
+enum class ScanPath : int { kEmpty, kRows, kLongRows, kColumnStrips, kColumnTiles, kColumns };
 
 constexpr int kScanBlock = 256;         // threads of a row / tile block
 constexpr int kScanItems = 8;           // consecutive elements per thread
@@ -46,6 +53,11 @@ constexpr int64_t kTargetThreads = int64_t(1) << 18;
 constexpr int64_t kMinSegmentLen = 32;
 constexpr int64_t kMaxGridY = 65535;
 constexpr int64_t kShortRow = 32;
+
+constexpr int kStripWidth = 32;   // columns of a strip: a lane each
+constexpr int kStripBlock = 256;  // threads of a strip block
+// Two strips per SM of a large GPU: each keeps a step of loads in flight.
+constexpr int64_t kMinStrips = 256;
 
 constexpr int kColumnTileRows = 16;
 // column_tiles needs enough columns to fill its blocks, and few enough groups
@@ -75,6 +87,7 @@ struct ScanPlan {
   int64_t tiles = 1;     // long_rows: tiles per row; column_tiles: along the axis
   int64_t groups = 1;    // groups of kGroupTiles tiles (per row / along the axis)
   int64_t column_blocks = 1;  // column_tiles: blocks of kColumnBlock columns
+  int64_t strips_per_outer = 1;  // column_strips
   int64_t segments = 1;  // columns: pieces of the axis
   int64_t workspace_bytes = 0;
   TileWorkspace tile_ws;
@@ -96,6 +109,15 @@ inline ScanPlan plan_scan(const ScanShape& s) {
     } else {
       p.path = ScanPath::kRows;
     }
+    return p;
+  }
+  // A strip's lanes past the last column idle: take strips only when at
+  // least three in four lanes have a column.
+  const int64_t strips_per_outer = (s.inner + kStripWidth - 1) / kStripWidth;
+  if (s.inner > 1 && s.outer * strips_per_outer >= kMinStrips &&
+      s.inner * 4 >= strips_per_outer * kStripWidth * 3) {
+    p.path = ScanPath::kColumnStrips;
+    p.strips_per_outer = strips_per_outer;
     return p;
   }
   const int64_t columns = s.outer * s.inner;
@@ -136,6 +158,7 @@ inline const char* scan_path_name(ScanPath path) {
     case ScanPath::kEmpty: return "empty";
     case ScanPath::kRows: return "rows";
     case ScanPath::kLongRows: return "long_rows";
+    case ScanPath::kColumnStrips: return "column_strips";
     case ScanPath::kColumnTiles: return "column_tiles";
     case ScanPath::kColumns: return "columns";
   }
