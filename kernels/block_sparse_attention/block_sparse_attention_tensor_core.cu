@@ -114,17 +114,18 @@ __global__ void __launch_bounds__(M / 16 * 32)
   const QueryTile qtile = query_tile(a, blockIdx.x, q_tiles, M);
   const KeyTileWalk walk(a, qtile, kKeyTile);
   const int64_t b = qtile.b, h = qtile.h, kvh = qtile.kv_head, q0 = qtile.q0;
-  const int64_t n_tiles = walk.n_tiles;
+  const int n_tiles = walk.n_tiles;
 
   const T* qg = static_cast<const T*>(a.q) + b * a.q_strides[0] + h * a.q_strides[1];
   const T* kg = static_cast<const T*>(a.k) + b * a.k_strides[0] + kvh * a.k_strides[1];
   const T* vg = static_cast<const T*>(a.v) + b * a.v_strides[0] + kvh * a.v_strides[1];
 
-  int64_t tile = walk.next(0);
+  int tile = walk.next(0);
   load_tile<M, D, kThreads>(sq, qg, a.q_strides[2], q0, a.q_len);
   if (tile < n_tiles) {
-    load_tile<kKeyTile, D, kThreads>(sk, kg, a.k_strides[2], tile * kKeyTile, a.k_len);
-    load_tile<kKeyTile, D, kThreads>(sv, vg, a.v_strides[2], tile * kKeyTile, a.k_len);
+    const int64_t key0 = int64_t{tile} * kKeyTile;
+    load_tile<kKeyTile, D, kThreads>(sk, kg, a.k_strides[2], key0, a.k_len);
+    load_tile<kKeyTile, D, kThreads>(sv, vg, a.v_strides[2], key0, a.k_len);
   }
   cp_async_commit();
 
@@ -138,12 +139,13 @@ __global__ void __launch_bounds__(M / 16 * 32)
   int stage = 0;
 
   while (tile < n_tiles) {
-    const int64_t next = walk.next(tile + 1);
+    const int next = walk.next(tile + 1);
     if (next < n_tiles) {
       T* nk = sk + (stage ^ 1) * kKeyTile * D;
       T* nv = sv + (stage ^ 1) * kKeyTile * D;
-      load_tile<kKeyTile, D, kThreads>(nk, kg, a.k_strides[2], next * kKeyTile, a.k_len);
-      load_tile<kKeyTile, D, kThreads>(nv, vg, a.v_strides[2], next * kKeyTile, a.k_len);
+      const int64_t next_key0 = int64_t{next} * kKeyTile;
+      load_tile<kKeyTile, D, kThreads>(nk, kg, a.k_strides[2], next_key0, a.k_len);
+      load_tile<kKeyTile, D, kThreads>(nv, vg, a.v_strides[2], next_key0, a.k_len);
     }
     cp_async_commit();  // possibly empty: keeps "all but the newest group" meaning this stage
     cp_async_wait<1>();
@@ -175,7 +177,8 @@ __global__ void __launch_bounds__(M / 16 * 32)
       }
     }
 
-    scale_and_mask<kSTiles>(s, a, scale_log2, tile * kKeyTile, q0, q0 + warp * 16 + g, t4);
+    scale_and_mask<kSTiles>(s, a, scale_log2, int64_t{tile} * kKeyTile, q0, q0 + warp * 16 + g,
+                            t4);
     float corr[2];
     softmax.update<kSTiles>(s, corr);
     OnlineSoftmaxRows::rescale<kOTiles>(o, corr);

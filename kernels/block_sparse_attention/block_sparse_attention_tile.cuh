@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "block_sparse_attention/block_sparse_attention_kernels.h"
+#include "common/fast_exp2.h"
 
 namespace baracuda {
 
@@ -31,16 +32,6 @@ __device__ inline uint32_t pack2(float lo, float hi) {
     const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<const uint32_t*>(&h);
   }
-}
-
-// 2^x as the bare special-function instruction, for softmax weights. exp2f
-// adds a test and two multiplies per call to produce results below 2^-126
-// (subnormals); a weight that small next to the row's largest (1) adds
-// nothing to a float32 sum, so it is flushed to 0.
-__device__ inline float exp2_flush(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
 }
 
 // The M query rows [q0, q0 + M) of one (batch, head) a CTA owns.

@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "common/acc_convert.h"
+#include "common/fast_exp2.h"
 #include "common/unit_types.h"
 
 namespace baracuda {
@@ -66,8 +67,7 @@ BHD inline float log1p_exp(float d) {
   constexpr float kLog2e = 1.44269502f, kLog2eLow = 1.925963e-8f, kLn2 = 0.693147181f;
   const float y = d * kLog2e;
   const float y_lost = fmaf(d, kLog2e, -y) + d * kLog2eLow;
-  float e;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(y));
+  float e = exp2_flush(y);
   e = fmaf(e, y_lost * kLn2, e);
   const float t = __fdividef(e, 2.f + e);
   const float t2 = t * t;
