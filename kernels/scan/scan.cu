@@ -23,8 +23,16 @@ using namespace scan;
 
 // ---------------------------------------------------------------- rows path
 
+// Blocks per SM a rows block is compiled for. Left free, the 8-byte states
+// (cummax / cummin with int32 positions, cumprod and logcumsumexp backward)
+// take 90-100 registers and run two; asked for three, 4-byte states take a
+// few registers more than they need for five (bf16 cumsum measured 7 %
+// slower with four).
 template <typename Op>
-__global__ void __launch_bounds__(kScanBlock)
+constexpr int kRowsBlocksPerSm = sizeof(StateOf<Op>) <= 4 ? 5 : 3;
+
+template <typename Op>
+__global__ void __launch_bounds__(kScanBlock, kRowsBlocksPerSm<Op>)
     rows_kernel(Op op, int64_t outer, int64_t len, bool reverse) {
   using State = StateOf<Op>;
   __shared__ RowShared<Op> shared;
@@ -95,21 +103,6 @@ constexpr int kStripRows =
     std::min<int>(128 / sizeof(typename Op::Storage),
                   128 / (sizeof(StateOf<Op>) + (AuxTrait<Op>::kHas ? sizeof(AuxOf<Op>) : 0)));
 
-// Loads a warp's K positions of a step from `first`: the states, and the
-// op's Aux where it has one (identity / nothing past p_end).
-template <int K, typename Op>
-__device__ void load_strip_step(const Op& op, const Line& line, int64_t first, int64_t p_end,
-                                StateOf<Op> (&items)[K], AuxOf<Op> (&aux)[K]) {
-  load_run(op, line, first, p_end, items);  // its total is not used: only the loads stay
-  if constexpr (AuxTrait<Op>::kHas) {
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const int64_t l = line.position(first + k);
-      if (first + k < p_end) aux[k] = op.aux(line.base + l * line.stride, l);
-    }
-  }
-}
-
 template <typename Op>
 __global__ void __launch_bounds__(kStripBlock)
     column_strips_kernel(Op op, ScanShape s, bool reverse, int64_t strips_per_outer) {
@@ -131,12 +124,13 @@ __global__ void __launch_bounds__(kStripBlock)
     const Line line{o * s.len * s.inner + column, s.inner, s.len, reverse};
     State cur[K], next[K];
     Aux cur_aux[K], next_aux[K];
-    load_strip_step(op, line, int64_t{warp} * K, p_end, cur, cur_aux);
+    // The totals load_run returns are not used: only its loads stay.
+    load_run(op, line, int64_t{warp} * K, p_end, cur, cur_aux);
     State carry = op.identity();
     int buffer = 0;
     for (int64_t p0 = 0; p0 < s.len; p0 += kStepLen, buffer ^= 1) {
       const bool more = p0 + kStepLen < s.len;
-      if (more) load_strip_step(op, line, p0 + kStepLen + int64_t{warp} * K, p_end, next, next_aux);
+      if (more) load_run(op, line, p0 + kStepLen + int64_t{warp} * K, p_end, next, next_aux);
       State total = op.identity();
 #pragma unroll
       for (int k = 0; k < K; ++k) total = op.combine(total, cur[k]);

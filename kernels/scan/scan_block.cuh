@@ -58,10 +58,11 @@ struct Line {
 
 // A thread's kItems consecutive elements of a line from scan position
 // `first`; positions at or past p_end hold the identity. Every load is issued
-// before any store of the caller. Returns their total.
+// before any store of the caller. Returns their total. Given `aux` (an array
+// of kItems), an op with an Aux reads those too.
 template <int kItems, typename Op>
 __device__ StateOf<Op> load_run(const Op& op, const Line& line, int64_t first, int64_t p_end,
-                                StateOf<Op> (&items)[kItems]) {
+                                StateOf<Op> (&items)[kItems], AuxOf<Op>* aux = nullptr) {
   StateOf<Op> total = op.identity();
 #pragma unroll
   for (int k = 0; k < kItems; ++k) {
@@ -70,6 +71,9 @@ __device__ StateOf<Op> load_run(const Op& op, const Line& line, int64_t first, i
     if (p < p_end) {
       const int64_t l = line.position(p);
       items[k] = op.load(line.base + l * line.stride, l);
+      if constexpr (AuxTrait<Op>::kHas) {
+        if (aux != nullptr) aux[k] = op.aux(line.base + l * line.stride, l);
+      }
       total = op.combine(total, items[k]);
     }
   }
@@ -118,11 +122,18 @@ __device__ StateOf<Op> scan_chunk(const Op& op, const Line& line, int64_t chunk,
                                   RowShared<Op>& shared, PrefixOf&& prefix_of) {
   using State = StateOf<Op>;
   State striped[kScanItems];
+  // What the stores read besides the states comes in with the states: the
+  // stores are striped as the loads are, so no exchange is needed.
+  AuxOf<Op> aux[kScanItems];
 #pragma unroll
   for (int k = 0; k < kScanItems; ++k) {
     const int64_t p = chunk + int64_t(k) * kScanBlock + threadIdx.x;
     striped[k] = op.identity();
-    if (p < line.len) striped[k] = op.load(line.base + line.position(p), line.position(p));
+    if (p < line.len) {
+      const int64_t l = line.position(p);
+      striped[k] = op.load(line.base + l, l);
+      if constexpr (AuxTrait<Op>::kHas) aux[k] = op.aux(line.base + l, l);
+    }
   }
   State blocked[kScanItems];
   RowExchangeOf<Op>(shared.exchange).StripedToBlocked(striped, blocked);
@@ -150,7 +161,12 @@ __device__ StateOf<Op> scan_chunk(const Op& op, const Line& line, int64_t chunk,
     const int64_t p = chunk + int64_t(k) * kScanBlock + threadIdx.x;
     if (p < line.len) {
       const int64_t l = line.position(p);
-      op.store(line.base + l, l, blocked[k], op.combine(blocked[k], striped[k]));
+      const State incl = op.combine(blocked[k], striped[k]);
+      if constexpr (AuxTrait<Op>::kHas) {
+        op.store_with(line.base + l, l, blocked[k], incl, aux[k]);
+      } else {
+        op.store(line.base + l, l, blocked[k], incl);
+      }
     }
   }
   return chunk_total;

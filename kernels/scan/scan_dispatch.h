@@ -7,6 +7,7 @@
 // otherwise round once per element (torch's CPU scans do the same).
 #pragma once
 
+#include <cstdint>
 #include <type_traits>
 
 #include "scan/scan_kernels.h"
@@ -14,6 +15,13 @@
 
 namespace baracuda {
 namespace scan {
+
+// Calls go(Pos{}) with the narrowest position type the axis fits in.
+template <typename Go>
+KernelStatus with_position_type(const ScanShape& s, Go&& go) {
+  if (s.len <= INT32_MAX) return go(int32_t{});
+  return go(int64_t{});
+}
 
 template <typename T, typename Acc, typename Run>
 KernelStatus forward_for(const ScanForwardArgs& a, Run&& run) {
@@ -28,16 +36,17 @@ KernelStatus forward_for(const ScanForwardArgs& a, Run&& run) {
     case ScanKind::kCumsum: return plain(PlainForward<T, Acc, SumCombine>{});
     case ScanKind::kCumprod: return plain(PlainForward<T, Acc, ProdCombine>{});
     case ScanKind::kLogcumsumexp: return plain(PlainForward<T, Acc, LogAddExpCombine>{});
-    case ScanKind::kCummax: {
-      ExtremeForward<T, Acc, true> op;
-      op.x = x; op.y = y; op.indices = a.indices;
-      return run(op, a.reverse);
-    }
-    case ScanKind::kCummin: {
-      ExtremeForward<T, Acc, false> op;
-      op.x = x; op.y = y; op.indices = a.indices;
-      return run(op, a.reverse);
-    }
+    case ScanKind::kCummax:
+    case ScanKind::kCummin:
+      return with_position_type(a.shape, [&](auto pos) {
+        using Pos = decltype(pos);
+        auto extreme = [&](auto op) {
+          op.x = x; op.y = y; op.indices = a.indices;
+          return run(op, a.reverse);
+        };
+        if (a.kind == ScanKind::kCummax) return extreme(ExtremeForward<T, Acc, Pos, true>{});
+        return extreme(ExtremeForward<T, Acc, Pos, false>{});
+      });
   }
   return KernelStatus::invalid("unknown scan kind");
 }
@@ -66,11 +75,12 @@ KernelStatus backward_for(const ScanBackwardArgs& a, Run&& run) {
       return run(op, back);
     }
     case ScanKind::kCummax:
-    case ScanKind::kCummin: {
-      ExtremeBackward<T, Acc> op;
-      op.dy = saved.dy; op.indices = a.indices; op.dx = saved.dx;
-      return run(op, back);
-    }
+    case ScanKind::kCummin:
+      return with_position_type(a.shape, [&](auto pos) {
+        ExtremeBackward<T, Acc, decltype(pos)> op;
+        op.dy = saved.dy; op.indices = a.indices; op.dx = saved.dx;
+        return run(op, back);
+      });
   }
   return KernelStatus::invalid("unknown scan kind");
 }

@@ -139,16 +139,18 @@ struct ScaledSumCombine {
 // always takes over (so the last NaN so far wins) and nothing but a NaN
 // replaces a NaN; otherwise a later element wins ties (>= / <=). That is a
 // selection by one total order, hence associative.
-// index < 0 marks the identity (no element yet).
-template <typename Acc>
+// index < 0 marks the identity (no element yet). Pos, the type of a position
+// on the axis, is int32 wherever the axis allows (scan_dispatch.h): the
+// state is then 8 bytes for float, not 16, and a block holds twice as many.
+template <typename Acc, typename Pos>
 struct ValueIndex {
   Acc value;
-  int64_t index;
+  Pos index;
 };
 
-template <typename Acc, bool kMax>
+template <typename Acc, typename Pos, bool kMax>
 struct ExtremeCombine {
-  using State = ValueIndex<Acc>;
+  using State = ValueIndex<Acc, Pos>;
   BHD State identity() const { return {Acc(0), -1}; }
   BHD State combine(State a, State b) const {
     if (b.index < 0) return a;
@@ -162,16 +164,17 @@ struct ExtremeCombine {
 
 // Sum over the trailing run of equal keys. The keys of one scan are monotone
 // (cummax indices), so equal keys are contiguous and the sum of a run is all
-// of it that shares the last key. key < 0 marks the identity.
-template <typename Acc>
+// of it that shares the last key. key < 0 marks the identity. Keys are
+// positions (Pos as in ValueIndex).
+template <typename Acc, typename Pos>
 struct KeyedSum {
-  int64_t key;
+  Pos key;
   Acc sum;
 };
 
-template <typename Acc>
+template <typename Acc, typename Pos>
 struct KeyedSumCombine {
-  using State = KeyedSum<Acc>;
+  using State = KeyedSum<Acc, Pos>;
   BHD State identity() const { return {-1, Acc(0)}; }
   BHD State combine(State a, State b) const {
     if (b.key < 0) return a;
@@ -210,14 +213,16 @@ struct PlainForward : Combine<Acc> {
   BHD void store(int64_t off, int64_t, State, State incl) const { y[off] = from_acc<T>(incl); }
 };
 
-template <typename T, typename Acc, bool kMax>
-struct ExtremeForward : ExtremeCombine<Acc, kMax> {
-  using State = ValueIndex<Acc>;
+template <typename T, typename Acc, typename Pos, bool kMax>
+struct ExtremeForward : ExtremeCombine<Acc, Pos, kMax> {
+  using State = ValueIndex<Acc, Pos>;
   using Storage = T;
   const T* x;
   T* y;
   int64_t* indices;
-  BHD State load(int64_t off, int64_t l) const { return {to_acc<Acc>(x[off]), l}; }
+  BHD State load(int64_t off, int64_t l) const {
+    return {to_acc<Acc>(x[off]), static_cast<Pos>(l)};
+  }
   BHD void store(int64_t off, int64_t, State, State incl) const {
     y[off] = from_acc<T>(incl.value);
     indices[off] = incl.index;
@@ -318,15 +323,15 @@ struct LogcumsumexpBackward : ScaledSumCombine<Acc>, GradWithSaved<T> {
 // cummax / cummin: the positions j with idx_j == i are a contiguous run that
 // starts at i (in forward order), so dx_i is the keyed sum ending at i when
 // idx_i == i and 0 otherwise. No scatter, no atomics.
-template <typename T, typename Acc>
-struct ExtremeBackward : KeyedSumCombine<Acc> {
-  using State = KeyedSum<Acc>;
+template <typename T, typename Acc, typename Pos>
+struct ExtremeBackward : KeyedSumCombine<Acc, Pos> {
+  using State = KeyedSum<Acc, Pos>;
   using Storage = T;
   const T* dy;
   const int64_t* indices;
   T* dx;
   BHD State load(int64_t off, int64_t) const {
-    return {indices[off], to_acc<Acc>(dy[off])};
+    return {static_cast<Pos>(indices[off]), to_acc<Acc>(dy[off])};
   }
   // incl ends with this element, so its key is idx_i: no second read.
   BHD void store(int64_t off, int64_t l, State, State incl) const {
