@@ -24,7 +24,11 @@ namespace {
 
 using namespace merge;
 
-constexpr int kDenseBlock = 256;
+// Pair blocks of 512 threads measured ~1 % faster than 256 on H100 (32
+// registers: four blocks fill an SM); stack blocks stay at 256, which keeps
+// five resident at their 44 registers.
+constexpr int kPairBlock = 512;
+constexpr int kStackBlock = 256;
 constexpr int kUnitBytes = 16;
 // States of a stack whose units one thread loads before using any: a stack
 // of up to kShallowStack states is loaded whole; a deeper one in batches of
@@ -43,12 +47,12 @@ struct DenseParams {
 };
 
 template <typename T, typename Index>
-__global__ void __launch_bounds__(kDenseBlock)
+__global__ void __launch_bounds__(kPairBlock)
 merge_pair_dense_kernel(DenseParams<T> p, typename DividerFor<Index>::type units_per_cell,
                         int64_t units) {
   using C = compute_t<T>;
   constexpr int kVec = kUnitBytes / sizeof(T);
-  const int64_t unit = int64_t{blockIdx.x} * kDenseBlock + threadIdx.x;
+  const int64_t unit = int64_t{blockIdx.x} * kPairBlock + threadIdx.x;
   const bool valid = unit < units;
   Pack<T, kVec> x0, x1;
   C s0 = 0, s1 = 0;
@@ -87,12 +91,12 @@ merge_pair_dense_kernel(DenseParams<T> p, typename DividerFor<Index>::type units
 }
 
 template <typename T, typename Index, bool kShallow>
-__global__ void __launch_bounds__(kDenseBlock)
+__global__ void __launch_bounds__(kStackBlock)
 merge_stack_dense_kernel(DenseParams<T> p, typename DividerFor<Index>::type units_per_cell,
                          typename DividerFor<Index>::type heads, int64_t units) {
   using C = compute_t<T>;
   constexpr int kVec = kUnitBytes / sizeof(T);
-  const int64_t unit = int64_t{blockIdx.x} * kDenseBlock + threadIdx.x;
+  const int64_t unit = int64_t{blockIdx.x} * kStackBlock + threadIdx.x;
   if (unit >= units) return;
   const int64_t upc = units_per_cell.divisor;
   const int64_t h_count = heads.divisor;
@@ -174,7 +178,6 @@ KernelStatus dense_typed(const MergeForwardArgs& a, const DenseMergeLayout& layo
   for (int d = 0; d < a.cells.rank; ++d) cells *= a.cells.sizes[d];
   const int64_t units = cells * layout.units_per_cell;
   if (units == 0) return KernelStatus::ok();
-  const unsigned blocks = static_cast<unsigned>(ceil_div(units, kDenseBlock));
   auto go = [&](auto index) {
     using Index = decltype(index);
     const auto upc = make_divider<Index>(layout.units_per_cell);
@@ -182,9 +185,12 @@ KernelStatus dense_typed(const MergeForwardArgs& a, const DenseMergeLayout& layo
       const auto heads = make_divider<Index>(layout.heads);
       auto kernel = a.num_states <= kShallowStack ? merge_stack_dense_kernel<T, Index, true>
                                                   : merge_stack_dense_kernel<T, Index, false>;
-      kernel<<<blocks, kDenseBlock, 0, stream>>>(p, upc, heads, units);
+      kernel<<<static_cast<unsigned>(ceil_div(units, kStackBlock)), kStackBlock, 0, stream>>>(
+          p, upc, heads, units);
     } else {
-      merge_pair_dense_kernel<T, Index><<<blocks, kDenseBlock, 0, stream>>>(p, upc, units);
+      merge_pair_dense_kernel<T, Index>
+          <<<static_cast<unsigned>(ceil_div(units, kPairBlock)), kPairBlock, 0, stream>>>(p, upc,
+                                                                                         units);
     }
     return launch_status();
   };
