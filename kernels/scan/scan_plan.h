@@ -12,7 +12,8 @@
 //              earlier tiles of its own group -- the same association
 //              whatever the timing, so bit-identical run to run, and a tile
 //              only ever waits for tiles with smaller tickets (no deadlock).
-//   column_strips  inner > 1 with enough columns for kMinStrips strips: a
+//   column_strips  inner > 1 with enough columns for kMinStrips strips, and
+//              at least three in four lanes of a strip with a column: a
 //              block owns kStripWidth consecutive columns of one outer index
 //              (a lane per column) and walks the whole axis in steps, each
 //              warp taking kStripRows consecutive positions per step, the
