@@ -136,11 +136,7 @@ merge_stack_forward_kernel(ForwardParams<T> p, OffsetCalculator<kFwCount, Index>
             // Loaded unconditionally so several loads are in flight.
             const Pack<T, VEC> x =
                 load_raw<T, VEC>(p.v[0] + off[kFwV0] + i * p.v_state_stride, c, p.inner[kFwV0]);
-            const C w = cooperative ? weights[i] : state_weight<C>(s_at(i), m, k);
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) {
-              acc[e] = w != 0 ? acc[e] + w * to_compute(x.x[e]) : acc[e];
-            }
+            add_weighted(acc, cooperative ? weights[i] : state_weight<C>(s_at(i), m, k), x);
           }
         }
         normalise(acc, total);
@@ -195,13 +191,7 @@ merge_pair_forward_kernel(ForwardParams<T> p, OffsetCalculator<kFwCount, Index> 
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (!valid[u]) continue;
-      const C m = fmax(s0[u], s1[u]);
-      C w0 = 0, w1 = 0;
-      if (m != neg_infinity<C>()) {
-        w0 = state_weight<C>(s0[u], m, k);
-        w1 = state_weight<C>(s1[u], m, k);
-      }
-      const C total = w0 + w1;
+      const PairWeights<C> w = pair_weights(s0[u], s1[u], k);
       for (int64_t c = c0; c < chunks; c += group) {
         if (c != c0) {
           x0[u] = load_raw<T, VEC>(p.v[0] + off[u][kFwV0], c, p.inner[kFwV0]);
@@ -209,15 +199,13 @@ merge_pair_forward_kernel(ForwardParams<T> p, OffsetCalculator<kFwCount, Index> 
         }
         C acc[VEC];
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-          acc[e] = -C(0);
-          if (w0 != 0) acc[e] += w0 * to_compute(x0[u].x[e]);
-          if (w1 != 0) acc[e] += w1 * to_compute(x1[u].x[e]);
-        }
-        normalise(acc, total);
+        for (int e = 0; e < VEC; ++e) acc[e] = -C(0);
+        add_weighted(acc, w.w0, x0[u]);
+        add_weighted(acc, w.w1, x1[u]);
+        normalise(acc, w.total);
         store<T, VEC>(p.v_out + off[u][kFwVOut], c, p.inner[kFwVOut], acc);
       }
-      if (tile.lane_in_group == 0) p.s_out[off[u][kFwSOut]] = merged_lse(m, total, k);
+      if (tile.lane_in_group == 0) p.s_out[off[u][kFwSOut]] = merged_lse(w.m, w.total, k);
     }
   }
 }

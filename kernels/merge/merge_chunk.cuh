@@ -57,5 +57,34 @@ __device__ inline void normalise(C (&acc)[VEC], C total) {
   for (int e = 0; e < VEC; ++e) acc[e] = total > 0 ? acc[e] * scale : C(0);
 }
 
+// The weights of a pair of states: m the larger LSE, w_i = b^(s_i - m)
+// (both 0 when both states are empty), total = w0 + w1.
+template <typename C>
+struct PairWeights {
+  C m, w0, w1, total;
+};
+
+template <typename C>
+__device__ inline PairWeights<C> pair_weights(C s0, C s1, C log2_scale) {
+  PairWeights<C> w{fmax(s0, s1), C(0), C(0), C(0)};
+  if (w.m != neg_infinity<C>()) {
+    w.w0 = state_weight<C>(s0, w.m, log2_scale);
+    w.w1 = state_weight<C>(s1, w.m, log2_scale);
+  }
+  w.total = w.w0 + w.w1;
+  return w;
+}
+
+// acc += w * x over one chunk, where a state of weight 0 adds nothing at all
+// (whatever its v holds, NaN included). A select, not a branch: around a
+// branch the compiler converted whole batches of a stack to float32 first
+// (128 registers for bf16 instead of 44).
+template <typename T, int VEC>
+__device__ inline void add_weighted(compute_t<T> (&acc)[VEC], compute_t<T> w,
+                                    const Pack<T, VEC>& x) {
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) acc[e] = w != 0 ? acc[e] + w * to_compute(x.x[e]) : acc[e];
+}
+
 }  // namespace merge
 }  // namespace baracuda

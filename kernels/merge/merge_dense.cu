@@ -69,24 +69,16 @@ merge_pair_dense_kernel(DenseParams<T> p, typename DividerFor<Index>::type units
   __syncwarp();
   if (!valid) return;
   const C k = p.log2_scale;
-  const C m = fmax(s0, s1);
-  C w0 = 0, w1 = 0;
-  if (m != neg_infinity<C>()) {
-    w0 = state_weight<C>(s0, m, k);
-    w1 = state_weight<C>(s1, m, k);
-  }
-  const C total = w0 + w1;
+  const PairWeights<C> w = pair_weights(s0, s1, k);
   C acc[kVec];
 #pragma unroll
-  for (int e = 0; e < kVec; ++e) {
-    acc[e] = -C(0);
-    if (w0 != 0) acc[e] += w0 * to_compute(x0.x[e]);
-    if (w1 != 0) acc[e] += w1 * to_compute(x1.x[e]);
-  }
-  normalise(acc, total);
+  for (int e = 0; e < kVec; ++e) acc[e] = -C(0);
+  add_weighted(acc, w.w0, x0);
+  add_weighted(acc, w.w1, x1);
+  normalise(acc, w.total);
   store<T, kVec>(p.v_out, unit, 1, acc);
   if (unit == cell * static_cast<int64_t>(units_per_cell.divisor)) {
-    p.s_out[cell] = merged_lse(m, total, k);
+    p.s_out[cell] = merged_lse(w.m, w.total, k);
   }
 }
 
@@ -149,10 +141,7 @@ merge_stack_dense_kernel(DenseParams<T> p, typename DividerFor<Index>::type unit
       for (int b = 0; b < kBatch; ++b) {
         const C w = state_weight<C>(sb[b], m, k);
         total += w;
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) {
-          acc[e] = w != 0 ? acc[e] + w * to_compute(x[b].x[e]) : acc[e];
-        }
+        add_weighted(acc, w, x[b]);
       }
     }
     if (kShallow) break;
