@@ -90,13 +90,9 @@ def cases(device, quick=False):
               ((rows, cols), 0, f"[{rows}, {cols}] dim=0"),
               ((1, long_len), -1, f"[1, {long_len}]")]
     out = []
-    for shape, dim, label in shapes:
-        for name in OPS:
-            out += _forward_cases(name, shape, dim, torch.float32, device, label)
-            out.append(_backward_case(name, shape, dim, torch.float32, device, label))
-    # bfloat16: the 2-D shapes, one op of each state kind.
-    for shape, dim, label in shapes[:2]:
-        for name in ("cumsum", "logcumsumexp", "cummax"):
-            out += _forward_cases(name, shape, dim, torch.bfloat16, device, label)
-            out.append(_backward_case(name, shape, dim, torch.bfloat16, device, label))
+    for dtype in (torch.float32, torch.bfloat16):
+        for shape, dim, label in shapes:
+            for name in OPS:
+                out += _forward_cases(name, shape, dim, dtype, device, label)
+                out.append(_backward_case(name, shape, dim, dtype, device, label))
     return out
