@@ -55,32 +55,28 @@ __global__ void __launch_bounds__(kScanBlock, kRowsBlocksPerSm<Op>)
 template <typename Op>
 __global__ void __launch_bounds__(kScanBlock)
     long_rows_kernel(Op op, int64_t len, bool reverse, int64_t tiles, int64_t groups,
-                     TileSlots<StateOf<Op>> ws) {
+                     LongRowsSlots<StateOf<Op>> ws) {
   using State = StateOf<Op>;
   __shared__ RowShared<Op> shared;
   const int64_t ticket = take_ticket(ws.counter);
   const int64_t row = ticket / tiles;
   const int64_t tile = ticket - row * tiles;
   const Line line{row * len, 1, len, reverse};
-  State* row_tiles = ws.tile_totals + row * tiles;
-  unsigned int* row_tile_flags = ws.tile_flags + row * tiles;
+  FlaggedState<State>* row_tiles = ws.tile_totals + row * tiles;
+  FlaggedState<State>* row_groups = ws.group_totals + row * groups;
   const int64_t group = tile / kGroupTiles;
   const int64_t group_first = group * kGroupTiles;
 
   scan_chunk(op, line, tile * kTileLen, shared, [&](const State& tile_total) {
-    if (threadIdx.x == 0) publish(row_tiles + tile, row_tile_flags + tile, tile_total);
+    if (threadIdx.x == 0) publish_flagged(row_tiles + tile, tile_total);
     // The last tile of a group that later tiles depend on publishes its total.
     if (tile - group_first == kGroupTiles - 1 && group + 1 < groups) {
-      const State g = reduce_published(op, row_tiles + group_first, row_tile_flags + group_first,
-                                       kGroupTiles, shared.scan);
-      if (threadIdx.x == 0) {
-        publish(ws.group_totals + row * groups + group, ws.group_flags + row * groups + group, g);
-      }
+      const State g = reduce_published(op, row_tiles + group_first, kGroupTiles, shared.scan);
+      if (threadIdx.x == 0) publish_flagged(row_groups + group, g);
     }
-    const State from_groups = reduce_published(op, ws.group_totals + row * groups,
-                                               ws.group_flags + row * groups, group, shared.scan);
-    const State from_tiles = reduce_published(
-        op, row_tiles + group_first, row_tile_flags + group_first, tile - group_first, shared.scan);
+    const State from_groups = reduce_published(op, row_groups, group, shared.scan);
+    const State from_tiles =
+        reduce_published(op, row_tiles + group_first, tile - group_first, shared.scan);
     return op.combine(from_groups, from_tiles);
   });
 }
@@ -329,13 +325,14 @@ KernelStatus launch(const Op& op, const ScanShape& s, bool reverse, void* worksp
       return launch_status();
     }
     case ScanPath::kLongRows: {
-      const TileWorkspace& w = plan.tile_ws;
+      const LongRowsSlots<State> slots =
+          long_rows_slots<State>(workspace, s.outer, plan.tiles, plan.groups);
       const KernelStatus st =
-          to_status(cudaMemsetAsync(workspace, 0, static_cast<size_t>(w.zeroed_bytes()), stream));
+          to_status(cudaMemsetAsync(workspace, 0, static_cast<size_t>(slots.bytes), stream));
       if (!st.is_ok()) return st;
       const unsigned grid = static_cast<unsigned>(s.outer * plan.tiles);
       long_rows_kernel<<<grid, kScanBlock, 0, stream>>>(op, s.len, reverse, plan.tiles,
-                                                        plan.groups, tile_slots<State>(workspace, w));
+                                                        plan.groups, slots);
       return launch_status();
     }
     case ScanPath::kColumnStrips: {

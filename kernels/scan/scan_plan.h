@@ -70,10 +70,16 @@ constexpr int64_t kMaxColumnGroups = 64;
 // is used instead.
 constexpr int64_t kMaxColumnTileWorkspace = int64_t(64) << 20;
 
-// Workspace of the ticketed paths, in this order: the ticket counter (16
+// Workspace of long_rows: the ticket counter, then a published state per tile
+// and per group (flagged words, scan_publish.cuh), all zeroed before every
+// launch. A state of up to 16 bytes takes two 16-byte words.
+constexpr int64_t kLongRowsCounterBytes = 16;
+constexpr int64_t kFlaggedSlotBytes = 32;
+
+// Workspace of column_tiles, in this order: the ticket counter (16
 // bytes), the ready flags of tiles and of groups (uint32, zeroed before every
-// launch), then the state slots of tiles and of groups. long_rows has a flag
-// and a slot per tile; column_tiles a flag per tile and a slot per column.
+// launch), then the state slots of tiles and of groups: a flag per tile and
+// a slot per column.
 struct TileWorkspace {
   int64_t tile_flags = 0;
   int64_t group_flags = 0;
@@ -104,9 +110,7 @@ inline ScanPlan plan_scan(const ScanShape& s) {
       p.path = ScanPath::kLongRows;
       p.tiles = tiles;
       p.groups = (tiles + kGroupTiles - 1) / kGroupTiles;
-      p.tile_ws.tile_flags = p.tile_ws.tile_slots = s.outer * tiles;
-      p.tile_ws.group_flags = p.tile_ws.group_slots = s.outer * p.groups;
-      p.workspace_bytes = p.tile_ws.bytes();
+      p.workspace_bytes = kLongRowsCounterBytes + s.outer * (tiles + p.groups) * kFlaggedSlotBytes;
     } else {
       p.path = ScanPath::kRows;
     }
