@@ -23,25 +23,38 @@ using namespace scan;
 
 // ---------------------------------------------------------------- rows path
 
+// Elements per thread of a rows chunk. Two-byte types with 4-byte states
+// take 16 where the others take 8, so a thread keeps as many bytes of loads
+// in flight as float32 does (with 8, bf16 cumsum rows ran latency-bound).
+// Larger states stay at 8: their exchange buffers would outgrow the static
+// shared memory a block may have.
+template <typename Op>
+constexpr int kRowItems =
+    sizeof(typename Op::Storage) <= 2 && sizeof(StateOf<Op>) <= 4 ? 2 * kScanItems : kScanItems;
+
 // Blocks per SM a rows block is compiled for. Left free, the 8-byte states
 // (cummax / cummin with int32 positions, cumprod and logcumsumexp backward)
 // take 90-100 registers and run two; asked for three, 4-byte states take a
 // few registers more than they need for five (bf16 cumsum measured 7 %
-// slower with four).
+// slower with four), and four when a thread holds 16 of them.
 template <typename Op>
-constexpr int kRowsBlocksPerSm = sizeof(StateOf<Op>) <= 4 ? 5 : 3;
+constexpr int kRowsBlocksPerSm =
+    sizeof(StateOf<Op>) <= 4 ? (kRowItems<Op> <= kScanItems ? 5 : 4) : 3;
 
 template <typename Op>
 __global__ void __launch_bounds__(kScanBlock, kRowsBlocksPerSm<Op>)
     rows_kernel(Op op, int64_t outer, int64_t len, bool reverse) {
   using State = StateOf<Op>;
-  __shared__ RowShared<Op> shared;
+  constexpr int kItems = kRowItems<Op>;
+  constexpr int64_t kChunk = int64_t{kScanBlock} * kItems;
+  __shared__ RowShared<Op, kItems> shared;
   for (int64_t row = blockIdx.x; row < outer; row += gridDim.x) {
     const Line line{row * len, 1, len, reverse};
     // `carry` (the same in every thread) chains the chunks of the row.
     State carry = op.identity();
-    for (int64_t chunk = 0; chunk < len; chunk += kRowChunk) {
-      const State total = scan_chunk(op, line, chunk, shared, [&](const State&) { return carry; });
+    for (int64_t chunk = 0; chunk < len; chunk += kChunk) {
+      const State total =
+          scan_chunk<kItems>(op, line, chunk, shared, [&](const State&) { return carry; });
       carry = op.combine(carry, total);
     }
   }
@@ -57,7 +70,7 @@ __global__ void __launch_bounds__(kScanBlock)
     long_rows_kernel(Op op, int64_t len, bool reverse, int64_t tiles, int64_t groups,
                      LongRowsSlots<StateOf<Op>> ws) {
   using State = StateOf<Op>;
-  __shared__ RowShared<Op> shared;
+  __shared__ RowShared<Op, kScanItems> shared;
   const int64_t ticket = take_ticket(ws.counter);
   const int64_t row = ticket / tiles;
   const int64_t tile = ticket - row * tiles;
@@ -67,7 +80,7 @@ __global__ void __launch_bounds__(kScanBlock)
   const int64_t group = tile / kGroupTiles;
   const int64_t group_first = group * kGroupTiles;
 
-  scan_chunk(op, line, tile * kTileLen, shared, [&](const State& tile_total) {
+  scan_chunk<kScanItems>(op, line, tile * kTileLen, shared, [&](const State& tile_total) {
     if (threadIdx.x == 0) publish_flagged(row_tiles + tile, tile_total);
     // The last tile of a group that later tiles depend on publishes its total.
     if (tile - group_first == kGroupTiles - 1 && group + 1 < groups) {

@@ -33,6 +33,14 @@ struct AuxTrait<Op, std::void_t<typename Op::Aux>> {
 template <typename Op>
 using AuxOf = typename AuxTrait<Op>::type;
 
+// Whether an op's store reads the exclusive state (cumprod backward does);
+// for the others the rows engine hands the identity in its place and skips
+// one combine per element, which the costly combines (log-add-exp) feel.
+template <typename Op, typename = void>
+struct StoreReadsExclusive : std::false_type {};
+template <typename Op>
+struct StoreReadsExclusive<Op, std::enable_if_t<Op::kStoreReadsExclusive>> : std::true_type {};
+
 // Warp scans joined by a scan of the warp totals: a fixed, order-preserving
 // association (the ops are associative, not commutative) with a short
 // critical path, which matters for the costlier combines (log-add-exp).
@@ -98,35 +106,37 @@ __device__ StateOf<Op> store_run(const Op& op, const Line& line, int64_t first, 
   return run;
 }
 
-// Shared memory of a rows block: the block scan and the striped <-> blocked
-// exchanges take turns (a __syncthreads separates every use).
-template <typename Op>
-using RowExchangeOf = cub::BlockExchange<StateOf<Op>, kScanBlock, kScanItems>;
+// Shared memory of a rows block scanning kItems elements per thread: the
+// block scan and the striped <-> blocked exchanges take turns (a
+// __syncthreads separates every use).
+template <typename Op, int kItems>
+using RowExchangeOf = cub::BlockExchange<StateOf<Op>, kScanBlock, kItems>;
 
-template <typename Op>
+template <typename Op, int kItems>
 union RowShared {
   typename BlockScanOf<Op>::TempStorage scan;
-  typename RowExchangeOf<Op>::TempStorage exchange;
+  typename RowExchangeOf<Op, kItems>::TempStorage exchange;
 };
 
-// One block scans kRowChunk elements of a row (inner == 1) from scan
-// position `chunk`. Memory is read and written striped (element
+// One block scans kScanBlock * kItems elements of a row (inner == 1) from
+// scan position `chunk`. Memory is read and written striped (element
 // k * kScanBlock + t by thread t: every warp access is one contiguous run);
-// the scan itself runs blocked (thread t owns kScanItems consecutive
+// the scan itself runs blocked (thread t owns kItems consecutive
 // elements, a block scan of the per-thread totals gives its prefix), the two
 // arrangements being exchanged through shared memory. `prefix_of(total)` is
 // called by every thread with the chunk's total and returns the state of
 // everything before the chunk. Returns the chunk's total.
-template <typename Op, typename PrefixOf>
+template <int kItems, typename Op, typename PrefixOf>
 __device__ StateOf<Op> scan_chunk(const Op& op, const Line& line, int64_t chunk,
-                                  RowShared<Op>& shared, PrefixOf&& prefix_of) {
+                                  RowShared<Op, kItems>& shared, PrefixOf&& prefix_of) {
   using State = StateOf<Op>;
-  State striped[kScanItems];
+  constexpr bool kExclusive = StoreReadsExclusive<Op>::value;
+  State striped[kItems];
   // What the stores read besides the states comes in with the states: the
   // stores are striped as the loads are, so no exchange is needed.
-  AuxOf<Op> aux[kScanItems];
+  AuxOf<Op> aux[kItems];
 #pragma unroll
-  for (int k = 0; k < kScanItems; ++k) {
+  for (int k = 0; k < kItems; ++k) {
     const int64_t p = chunk + int64_t(k) * kScanBlock + threadIdx.x;
     striped[k] = op.identity();
     if (p < line.len) {
@@ -135,37 +145,39 @@ __device__ StateOf<Op> scan_chunk(const Op& op, const Line& line, int64_t chunk,
       if constexpr (AuxTrait<Op>::kHas) aux[k] = op.aux(line.base + l, l);
     }
   }
-  State blocked[kScanItems];
-  RowExchangeOf<Op>(shared.exchange).StripedToBlocked(striped, blocked);
+  State blocked[kItems];
+  RowExchangeOf<Op, kItems>(shared.exchange).StripedToBlocked(striped, blocked);
   __syncthreads();
   // Positions past the end hold the identity, so they may be folded in.
   State total = op.identity();
 #pragma unroll
-  for (int k = 0; k < kScanItems; ++k) total = op.combine(total, blocked[k]);
+  for (int k = 0; k < kItems; ++k) total = op.combine(total, blocked[k]);
   State before, chunk_total;
   BlockScanOf<Op>(shared.scan).ExclusiveScan(total, before, op.identity(), CombineFn<Op>{op},
                                              chunk_total);
   __syncthreads();
-  // Everything before each blocked element, sent back to the striped owner.
+  // Everything up to each blocked element (or before it, for a store that
+  // reads the exclusive state), sent back to the striped owner.
   State run = op.combine(prefix_of(chunk_total), before);
 #pragma unroll
-  for (int k = 0; k < kScanItems; ++k) {
+  for (int k = 0; k < kItems; ++k) {
     const State next = op.combine(run, blocked[k]);
-    blocked[k] = run;
+    blocked[k] = kExclusive ? run : next;
     run = next;
   }
-  RowExchangeOf<Op>(shared.exchange).BlockedToStriped(blocked, blocked);
+  RowExchangeOf<Op, kItems>(shared.exchange).BlockedToStriped(blocked, blocked);
   __syncthreads();
 #pragma unroll
-  for (int k = 0; k < kScanItems; ++k) {
+  for (int k = 0; k < kItems; ++k) {
     const int64_t p = chunk + int64_t(k) * kScanBlock + threadIdx.x;
     if (p < line.len) {
       const int64_t l = line.position(p);
-      const State incl = op.combine(blocked[k], striped[k]);
+      const State excl = kExclusive ? blocked[k] : op.identity();
+      const State incl = kExclusive ? op.combine(blocked[k], striped[k]) : blocked[k];
       if constexpr (AuxTrait<Op>::kHas) {
-        op.store_with(line.base + l, l, blocked[k], incl, aux[k]);
+        op.store_with(line.base + l, l, excl, incl, aux[k]);
       } else {
-        op.store(line.base + l, l, blocked[k], incl);
+        op.store(line.base + l, l, excl, incl);
       }
     }
   }

@@ -9,7 +9,9 @@
 // whose store reads memory besides the states names that as Aux:
 // aux(off, l) reads it and store_with(off, l, excl, incl, aux) uses it, so
 // an engine that prefetches (column_strips) can load it with the states;
-// store(off, l, excl, incl) reads it on the spot.
+// store(off, l, excl, incl) reads it on the spot. Only an op that declares
+// kStoreReadsExclusive is sure to get the true excl; the rows engine hands
+// the others the identity there, to save a combine per element.
 //
 // Compiled for host and device: the CPU engine and the CUDA engine run the
 // very same functors. T is the storage type, Acc the accumulation type
@@ -28,8 +30,6 @@ namespace scan {
 
 #define BHD BARACUDA_HOST_DEVICE
 
-BHD inline float exp_of(float v) { return expf(v); }
-BHD inline double exp_of(double v) { return exp(v); }
 template <typename Acc> BHD Acc neg_inf() { return -INFINITY; }
 template <typename Acc> BHD bool is_nan(Acc v) { return v != v; }
 
@@ -50,25 +50,39 @@ struct ProdCombine {
   BHD State combine(State a, State b) const { return a * b; }
 };
 
+// exp(d) for d <= 0 up to rounding (-inf gives 0, NaN gives NaN). On the GPU
+// the float case is a scan's inner cost, so it skips expf: 2^y with
+// y = d log2(e), the product's rounding error put back (without that, the
+// result is off by up to 3.6e-6 relative at d ~ -87), the power by the bare
+// instruction (relative error ~2^-22). Results below 2^-126 flush to 0: the
+// callers add them to a term of 1 (log-add-exp, scaled sums) or scale a
+// gradient by them.
+BHD inline float exp_nonpositive(float d) {
+#ifdef __CUDA_ARCH__
+  constexpr float kLog2e = 1.44269502f, kLog2eLow = 1.925963e-8f, kLn2 = 0.693147181f;
+  // Below -104 the power flushes to 0 anyway; the clamp keeps -inf (whose
+  // correction term would be NaN) out, and lets NaN through.
+  d = d < -104.f ? -104.f : d;
+  const float y = d * kLog2e;
+  const float y_lost = fmaf(d, kLog2e, -y) + d * kLog2eLow;
+  const float e = exp2_flush(y);
+  return fmaf(e, y_lost * kLn2, e);
+#else
+  return expf(d);
+#endif
+}
+BHD inline double exp_nonpositive(double d) { return exp(d); }
+
 // log(1 + exp(d)) for a finite d <= 0: what log_add_exp adds to the larger
-// argument. On the GPU the float case is the scan's inner cost, so it skips
-// expf and log1pf (~40 instructions):
-//   e = exp(d) as 2^y, y = d log2(e) with the product's rounding error put
-//       back (without that, e is off by up to 3.6e-6 relative at d ~ -87),
-//       the power by the bare instruction (relative error ~2^-22; e below
-//       2^-126 flushes to 0, which adds nothing next to the larger argument);
-//   log1p(e) = 2 atanh(t), t = e / (2 + e) in [0, 1/3], as the odd series
-//       2 t (1 + t^2/3 + t^4/5 + ...) cut after t^15 (next term < 2e-9).
+// argument. On the GPU (float) it skips log1pf (~40 instructions):
+// log1p(e) = 2 atanh(t), t = e / (2 + e) in [0, 1/3], as the odd series
+// 2 t (1 + t^2/3 + t^4/5 + ...) cut after t^15 (next term < 2e-9).
 // Emulated in float32 over d in [-87, 0], it stays within 2.7e-7 of the exact
 // value, relative, as log1pf(expf(d)) does (2.6e-7), before the instruction's
 // own error.
 BHD inline float log1p_exp(float d) {
 #ifdef __CUDA_ARCH__
-  constexpr float kLog2e = 1.44269502f, kLog2eLow = 1.925963e-8f, kLn2 = 0.693147181f;
-  const float y = d * kLog2e;
-  const float y_lost = fmaf(d, kLog2e, -y) + d * kLog2eLow;
-  float e = exp2_flush(y);
-  e = fmaf(e, y_lost * kLn2, e);
+  const float e = exp_nonpositive(d);
   const float t = __fdividef(e, 2.f + e);
   const float t2 = t * t;
   float p = 1.f / 15.f;
@@ -130,7 +144,7 @@ struct ScaledSumCombine {
     const State hi = a_high ? a : b;
     const State lo = a_high ? b : a;
     // Equal exponents (two +inf included, where lo.m - hi.m is NaN) weigh 1.
-    const Acc w = lo.m == hi.m ? Acc(1) : exp_of(lo.m - hi.m);
+    const Acc w = lo.m == hi.m ? Acc(1) : exp_nonpositive(lo.m - hi.m);
     return {hi.m, hi.s + lo.s * w};
   }
 };
@@ -264,6 +278,7 @@ struct CumprodBackward : AffineCombine<Acc>, GradWithSaved<T> {
   using GradWithSaved<T>::x;
   using GradWithSaved<T>::y;
   using GradWithSaved<T>::dx;
+  static constexpr bool kStoreReadsExclusive = true;
   int64_t len;
   int64_t inner;
   bool forward_reverse;
@@ -312,7 +327,9 @@ struct LogcumsumexpBackward : ScaledSumCombine<Acc>, GradWithSaved<T> {
   BHD Aux aux(int64_t off, int64_t) const { return to_acc<Acc>(x[off]); }
   BHD void store_with(int64_t off, int64_t, State, State incl, Aux xv) const {
     Acc out = Acc(0);
-    if (xv != neg_inf<Acc>() && incl.m != neg_inf<Acc>()) out = exp_of(xv + incl.m) * incl.s;
+    if (xv != neg_inf<Acc>() && incl.m != neg_inf<Acc>()) {
+      out = exp_nonpositive(xv + incl.m) * incl.s;
+    }
     dx[off] = from_acc<T>(out);
   }
   BHD void store(int64_t off, int64_t l, State excl, State incl) const {
