@@ -25,6 +25,7 @@ PATH_CASES = [
     ((3, 700), -1, "rows"),
     ((2, 300000), -1, "long_rows"),  # several tile groups per row
     ((256, 2100), 1, "rows"),        # two chunks per row
+    ((5, 1001), -1, "rows"),         # odd rows: most start off a 16-byte boundary
     ((1, 50000), -1, "long_rows"),
     ((300, 7), 0, "columns"),       # several segments per column
     ((3, 20000, 1), 1, "long_rows"),
@@ -110,6 +111,16 @@ def check(name, x, dim, reverse, dtype=None):
 def test_forward_every_dtype_dim_and_direction(device, dtype, name, rng):
     x = random_input((4, 37, 6), dtype, device, rng, name)
     for dim in (0, 1, 2, -1, -3):
+        for reverse in (False, True):
+            check(name, x, dim, reverse)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", ALL_OPS)
+def test_forward_every_dtype_on_every_path(device, dtype, name, rng):
+    # Storage size picks the CUDA kernels' items per thread and vector loads.
+    for shape, dim, _ in ONE_PER_PATH + [((5, 1001), -1, "rows")]:
+        x = random_input(shape, dtype, device, rng, name)
         for reverse in (False, True):
             check(name, x, dim, reverse)
 

@@ -28,14 +28,14 @@ KernelStatus forward_for(const ScanForwardArgs& a, Run&& run) {
   const T* x = static_cast<const T*>(a.x);
   T* y = static_cast<T*>(a.y);
   auto plain = [&](auto op) {
-    op.x = x;
-    op.y = y;
+    op.src = x;
+    op.dst = y;
     return run(op, a.reverse);
   };
   switch (a.kind) {
     case ScanKind::kCumsum: return plain(PlainForward<T, Acc, SumCombine>{});
     case ScanKind::kCumprod: return plain(PlainForward<T, Acc, ProdCombine>{});
-    case ScanKind::kLogcumsumexp: return plain(PlainForward<T, Acc, LogAddExpCombine>{});
+    case ScanKind::kLogcumsumexp: return plain(LogcumsumexpForward<T, Acc>{});
     case ScanKind::kCummax:
     case ScanKind::kCummin:
       return with_position_type(a.shape, [&](auto pos) {
@@ -60,7 +60,7 @@ KernelStatus backward_for(const ScanBackwardArgs& a, Run&& run) {
   switch (a.kind) {
     case ScanKind::kCumsum: {
       CumsumBackward<T, Acc> op;
-      op.dy = saved.dy; op.dx = saved.dx;
+      op.src = saved.dy; op.dst = saved.dx;
       return run(op, back);
     }
     case ScanKind::kCumprod: {

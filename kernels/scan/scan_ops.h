@@ -32,6 +32,19 @@ namespace scan {
 
 template <typename Acc> BHD Acc neg_inf() { return -INFINITY; }
 template <typename Acc> BHD bool is_nan(Acc v) { return v != v; }
+// Neither infinite nor NaN.
+template <typename Acc> BHD bool is_finite(Acc v) { return v - v == Acc(0); }
+
+// log(s) for s > 0 of moderate size (a sum of weights). On the GPU (float):
+// log2 by the bare instruction (absolute error ~2^-22), times ln 2.
+BHD inline float log_of(float s) {
+#ifdef __CUDA_ARCH__
+  return __log2f(s) * 0.693147181f;
+#else
+  return logf(s);
+#endif
+}
+BHD inline double log_of(double s) { return log(s); }
 
 // ---------------------------------------------------------------- combines
 
@@ -216,15 +229,84 @@ struct AffineCombine {
 
 // ---------------------------------------------------------------- forward ops
 
-// cumsum / cumprod / logcumsumexp: y = inclusive scan of x.
+// One storage array in (src), one out (dst), the state being the
+// accumulated value itself and the store reading the inclusive state alone.
+// kPlainIo tells an engine it may move such runs as whole 16-byte vectors
+// (scan_block.cuh) rather than element by element through load and store.
+template <typename T, typename Acc>
+struct PlainIo {
+  static constexpr bool kPlainIo = true;
+  const T* src;
+  T* dst;
+  BHD Acc load(int64_t off, int64_t) const { return to_acc<Acc>(src[off]); }
+  BHD void store(int64_t off, int64_t, Acc, Acc incl) const { dst[off] = from_acc<T>(incl); }
+};
+
+// cumsum / cumprod / logcumsumexp: y (dst) = inclusive scan of x (src).
 template <typename T, typename Acc, template <typename> class Combine>
-struct PlainForward : Combine<Acc> {
+struct PlainForward : Combine<Acc>, PlainIo<T, Acc> {
   using State = typename Combine<Acc>::State;
   using Storage = T;
-  const T* x;
-  T* y;
-  BHD State load(int64_t off, int64_t) const { return to_acc<Acc>(x[off]); }
-  BHD void store(int64_t off, int64_t, State, State incl) const { y[off] = from_acc<T>(incl); }
+};
+
+// logcumsumexp forward: the log-domain scan, with a cheaper scan of one
+// thread's own run of N consecutive elements, which the CUDA engines call in
+// place of N log_add_exp joins (kRunScan). When the run is tame -- every
+// element finite, all within 64 of the run's largest hi -- the weights
+// w_k = exp(x_k - hi) neither overflow nor underflow, and with S_k their
+// running sum, everything before the run P and top = max(P, hi):
+//   y_k = top + log(exp(P - top) + exp(hi - top) S_k),
+// an exp and a log per element where log_add_exp costs an exp, a division
+// and a series. Other runs (inf, NaN, wide spans) take the joins. Which way
+// a run goes depends on its data alone, so results stay bit-reproducible.
+template <typename T, typename Acc>
+struct LogcumsumexpForward : LogAddExpCombine<Acc>, PlainIo<T, Acc> {
+  using State = Acc;
+  using Storage = T;
+  static constexpr bool kRunScan = true;
+
+  template <int N>
+  BHD static bool tame(const Acc (&x)[N], Acc& hi) {
+    hi = x[0];
+    Acc lo = x[0];
+    bool finite = true;
+    for (int k = 0; k < N; ++k) {
+      finite = finite && is_finite(x[k]);
+      hi = x[k] > hi ? x[k] : hi;
+      lo = x[k] < lo ? x[k] : lo;
+    }
+    return finite && hi - lo <= Acc(64);
+  }
+  // The join of the whole run.
+  template <int N>
+  BHD Acc run_total(const Acc (&x)[N]) const {
+    Acc hi;
+    if (!tame(x, hi)) {
+      Acc t = this->identity();
+      for (int k = 0; k < N; ++k) t = this->combine(t, x[k]);
+      return t;
+    }
+    Acc s = Acc(0);
+    for (int k = 0; k < N; ++k) s += exp_nonpositive(x[k] - hi);
+    return hi + log_of(s);
+  }
+  // x[k] becomes the join of `prefix` and x[0..k].
+  template <int N>
+  BHD void scan_run(Acc prefix, Acc (&x)[N]) const {
+    Acc hi;
+    if (!tame(x, hi) || !(prefix == neg_inf<Acc>() || is_finite(prefix))) {
+      for (int k = 0; k < N; ++k) x[k] = prefix = this->combine(prefix, x[k]);
+      return;
+    }
+    const Acc top = prefix > hi ? prefix : hi;
+    const Acc a = exp_nonpositive(prefix - top);
+    const Acc b = exp_nonpositive(hi - top);
+    Acc s = Acc(0);
+    for (int k = 0; k < N; ++k) {
+      s += exp_nonpositive(x[k] - hi);
+      x[k] = top + log_of(a + b * s);
+    }
+  }
 };
 
 template <typename T, typename Acc, typename Pos, bool kMax>
@@ -255,15 +337,11 @@ struct GradWithSaved {
   T* dx;
 };
 
-// cumsum: dx = reverse cumsum of dy.
+// cumsum: dx (dst) = reverse cumsum of dy (src).
 template <typename T, typename Acc>
-struct CumsumBackward : SumCombine<Acc> {
+struct CumsumBackward : SumCombine<Acc>, PlainIo<T, Acc> {
   using State = Acc;
   using Storage = T;
-  const T* dy;
-  T* dx;
-  BHD State load(int64_t off, int64_t) const { return to_acc<Acc>(dy[off]); }
-  BHD void store(int64_t off, int64_t, State, State incl) const { dx[off] = from_acc<T>(incl); }
 };
 
 // cumprod: with Q_i = x_i (dy_i + Q_{i+1}) (element-local affine maps),

@@ -3,8 +3,7 @@
 // to size the workspace and to report the path; the launcher to launch.
 //
 //   rows       inner == 1: one block per row walks it in chunks of
-//              kRowChunk (twice that for two-byte types), carrying the
-//              prefix from chunk to chunk.
+//              kRowChunk, carrying the prefix from chunk to chunk.
 //   long_rows  inner == 1, few long rows: one pass over tiles of kTileLen
 //              held in registers. Tiles take tickets in order, publish their
 //              totals, and each group of kGroupTiles tiles gets one total
