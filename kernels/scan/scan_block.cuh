@@ -220,57 +220,23 @@ union RowShared {
   typename RowExchangeOf<Op>::TempStorage exchange;
 };
 
-// One block scans kRowChunk elements of a row (inner == 1) from scan
-// position `chunk`. Memory is read and written striped (element
-// k * kScanBlock + t by thread t: every warp access is one contiguous run);
-// the scan itself runs blocked (thread t owns kScanItems consecutive
-// elements, a block scan of the per-thread totals gives its prefix), the two
-// arrangements being exchanged through shared memory -- except for PlainIo
-// ops on aligned rows whose runs are one 16-byte vector (kDirectRuns): those
-// move directly.
-// `prefix_of(total)` is called by every thread with the chunk's total and
-// returns the state of everything before the chunk. Returns the chunk's
-// total.
+// The block-wide part of a chunk scan: thread t holds kScanItems
+// consecutive elements (blocked). A block scan of the per-thread totals
+// gives each thread its prefix; `prefix_of(total)` is called by every thread
+// with the chunk's total and returns the state of everything before the
+// chunk. Leaves in `blocked` everything up to each element (or before it,
+// for a store that reads the exclusive state). Returns the chunk's total.
 template <typename Op, typename PrefixOf>
-__device__ StateOf<Op> scan_chunk(const Op& op, const Line& line, int64_t chunk,
-                                  RowShared<Op>& shared, PrefixOf&& prefix_of) {
+__device__ StateOf<Op> scan_blocked(const Op& op, StateOf<Op> (&blocked)[kScanItems],
+                                    RowShared<Op>& shared, PrefixOf&& prefix_of) {
   using State = StateOf<Op>;
   constexpr bool kExclusive = StoreReadsExclusive<Op>::value;
-  constexpr bool kMayGoDirect = HasPlainIo<Op>::value && kDirectRuns<kScanItems, Op>;
-  static_assert(!(kExclusive && kMayGoDirect), "direct runs store incl alone");
-  // The same for every thread of the block.
-  bool direct = false;
-  if constexpr (kMayGoDirect) direct = direct_runs_fit<kScanItems>(op, line);
-  const int64_t run_first = chunk + int64_t{threadIdx.x} * kScanItems;
-  State striped[kScanItems];
-  // What the stores read besides the states comes in with the states: the
-  // stores are striped as the loads are, so no exchange is needed.
-  AuxOf<Op> aux[kScanItems];
-  State blocked[kScanItems];
-  if (direct) {
-    if constexpr (kMayGoDirect) load_direct(op, line, run_first, blocked);
-  } else {
-#pragma unroll
-    for (int k = 0; k < kScanItems; ++k) {
-      const int64_t p = chunk + int64_t(k) * kScanBlock + threadIdx.x;
-      striped[k] = op.identity();
-      if (p < line.len) {
-        const int64_t l = line.position(p);
-        striped[k] = op.load(line.base + l, l);
-        if constexpr (AuxTrait<Op>::kHas) aux[k] = op.aux(line.base + l, l);
-      }
-    }
-    RowExchangeOf<Op>(shared.exchange).StripedToBlocked(striped, blocked);
-    __syncthreads();
-  }
   // Positions past the end hold the identity, so they may be folded in.
   const State total = fold_run(op, blocked);
   State before, chunk_total;
   BlockScanOf<Op>(shared.scan).ExclusiveScan(total, before, op.identity(), CombineFn<Op>{op},
                                              chunk_total);
   __syncthreads();
-  // Everything up to each blocked element (or before it, for a store that
-  // reads the exclusive state), sent back to the striped owner.
   State run = op.combine(prefix_of(chunk_total), before);
   if constexpr (HasRunScan<Op>::value) {
     static_assert(!kExclusive, "a run scan gives inclusive states");
@@ -283,10 +249,54 @@ __device__ StateOf<Op> scan_chunk(const Op& op, const Line& line, int64_t chunk,
       run = next;
     }
   }
-  if (direct) {
-    if constexpr (kMayGoDirect) store_direct(op, line, run_first, blocked);
-    return chunk_total;
+  return chunk_total;
+}
+
+// Whether scan_chunk may move an op's runs directly (kDirectRuns).
+template <typename Op>
+constexpr bool kMayGoDirect = HasPlainIo<Op>::value && kDirectRuns<kScanItems, Op>;
+
+// One block scans kRowChunk elements of a row (inner == 1) from scan
+// position `chunk` (scan_blocked; prefix_of as there). Memory is read and
+// written striped (element k * kScanBlock + t by thread t: every warp access
+// is one contiguous run), the scan runs blocked, the two arrangements being
+// exchanged through shared memory -- except for PlainIo ops on aligned rows
+// whose runs are one 16-byte vector (kDirectRuns): those move directly.
+// Returns the chunk's total.
+template <typename Op, typename PrefixOf>
+__device__ StateOf<Op> scan_chunk(const Op& op, const Line& line, int64_t chunk,
+                                  RowShared<Op>& shared, PrefixOf&& prefix_of) {
+  using State = StateOf<Op>;
+  constexpr bool kExclusive = StoreReadsExclusive<Op>::value;
+  static_assert(!(kExclusive && kMayGoDirect<Op>), "direct runs store incl alone");
+  State blocked[kScanItems];
+  if constexpr (kMayGoDirect<Op>) {
+    // The same for every thread of the block.
+    if (direct_runs_fit<kScanItems>(op, line)) {
+      const int64_t first = chunk + int64_t{threadIdx.x} * kScanItems;
+      load_direct(op, line, first, blocked);
+      const State chunk_total = scan_blocked(op, blocked, shared, prefix_of);
+      store_direct(op, line, first, blocked);
+      return chunk_total;
+    }
   }
+  State striped[kScanItems];
+  // What the stores read besides the states comes in with the states: the
+  // stores are striped as the loads are, so no exchange is needed.
+  AuxOf<Op> aux[kScanItems];
+#pragma unroll
+  for (int k = 0; k < kScanItems; ++k) {
+    const int64_t p = chunk + int64_t(k) * kScanBlock + threadIdx.x;
+    striped[k] = op.identity();
+    if (p < line.len) {
+      const int64_t l = line.position(p);
+      striped[k] = op.load(line.base + l, l);
+      if constexpr (AuxTrait<Op>::kHas) aux[k] = op.aux(line.base + l, l);
+    }
+  }
+  RowExchangeOf<Op>(shared.exchange).StripedToBlocked(striped, blocked);
+  __syncthreads();
+  const State chunk_total = scan_blocked(op, blocked, shared, prefix_of);
   RowExchangeOf<Op>(shared.exchange).BlockedToStriped(blocked, blocked);
   __syncthreads();
 #pragma unroll
