@@ -25,16 +25,20 @@ using namespace scan;
 
 // Blocks per SM a rows block is compiled for. Left free, the 8-byte states
 // (cummax / cummin with int32 positions, cumprod and logcumsumexp backward)
-// take 90-100 registers and run two; asked for three, 4-byte states take a
-// few registers more than they need for five (bf16 cumsum measured 7 %
-// slower with four). Ops on direct runs (bf16 cumsum, cumprod, cumsum
-// backward) need few registers and run eight: on H100, [4096, 8192] bf16
-// cumsum took 55.9 us with five, 54.1 with six, 52.4 with eight (the
-// misaligned-row path then spills 28 bytes). logcumsumexp forward, bound by
-// its arithmetic, stays at five (eight: 151.6 -> 159.6 us).
+// take 90-100 registers and run two; asked for four, they fit 64 and wait
+// less on their exchanges (H100, [4096, 8192], three -> four: f32
+// logcumsumexp backward 330 -> 261 us, bf16 cummax backward 185 -> 165,
+// f32 cummax forward 217 -> 219). 4-byte states run five (bf16 cumsum
+// measured 7 % slower with four). Ops on direct runs (bf16 cumsum, cumprod,
+// cumsum backward) need few registers and run eight: bf16 cumsum took
+// 55.9 us with five, 54.1 with six, 52.4 with eight (the misaligned-row path
+// then spills 28 bytes). logcumsumexp forward, bound by its arithmetic, stays
+// at five (eight: 151.6 -> 159.6 us). 16-byte states (float64, int64
+// positions) run three.
 template <typename Op>
 constexpr int kRowsBlocksPerSm = kMayGoDirect<Op> && !HasRunScan<Op>::value ? 8
                                  : sizeof(StateOf<Op>) <= 4                   ? 5
+                                 : sizeof(StateOf<Op>) <= 8                   ? 4
                                                                               : 3;
 
 template <typename Op>
@@ -120,10 +124,10 @@ __global__ void __launch_bounds__(kScanBlock)
 
 // Positions per warp and step: 128 bytes of loads in flight per thread, or
 // fewer where two steps' states (and what the stores read) would not fit in
-// 80 registers (64 for two-byte types). Blocks are compiled for two per SM.
-// Measured on H100, [4096, 8192] along dim 0: 80 registers rather than 64
-// took float32 cummax forward from 238 to 218 us; for bf16, 80 made cumsum
-// backward spill and cummax backward 11 % slower.
+// 80 registers (64 for two-byte types). Measured on H100, [4096, 8192] along
+// dim 0: 80 registers rather than 64 took float32 cummax forward from 238 to
+// 218 us; for bf16, 80 made cumsum backward spill and cummax backward 11 %
+// slower.
 template <typename Op>
 constexpr int kStripStateBytes = sizeof(typename Op::Storage) <= 2 ? 128 : 160;
 
@@ -133,8 +137,17 @@ constexpr int kStripRows =
                   kStripStateBytes<Op> /
                       (sizeof(StateOf<Op>) + (AuxTrait<Op>::kHas ? sizeof(AuxOf<Op>) : 0)));
 
+// Blocks per SM a strip block is compiled for: two, where the compiler left
+// free may take more registers than that allows (float32 with 80 registers
+// of states) or does worse (bf16 cumsum forward, 124 -> 107 us with two);
+// bf16 ops with 8-byte states are left free (cummax backward ran 240 ->
+// 250 us with two).
 template <typename Op>
-__global__ void __launch_bounds__(kStripBlock, 2)
+constexpr int kStripBlocksPerSm =
+    sizeof(typename Op::Storage) <= 2 && sizeof(StateOf<Op>) > 4 ? 1 : 2;
+
+template <typename Op>
+__global__ void __launch_bounds__(kStripBlock, kStripBlocksPerSm<Op>)
     column_strips_kernel(Op op, ScanShape s, bool reverse, int64_t strips_per_outer) {
   using State = StateOf<Op>;
   using Aux = AuxOf<Op>;
