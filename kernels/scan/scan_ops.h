@@ -242,7 +242,7 @@ struct PlainIo {
   BHD void store(int64_t off, int64_t, Acc, Acc incl) const { dst[off] = from_acc<T>(incl); }
 };
 
-// cumsum / cumprod / logcumsumexp: y (dst) = inclusive scan of x (src).
+// cumsum / cumprod: y (dst) = inclusive scan of x (src).
 template <typename T, typename Acc, template <typename> class Combine>
 struct PlainForward : Combine<Acc>, PlainIo<T, Acc> {
   using State = typename Combine<Acc>::State;
