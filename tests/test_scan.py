@@ -37,6 +37,7 @@ PATH_CASES = [
     ((40, 3, 512), 0, "column_tiles"),
     ((300, 8200), 0, "column_strips"),     # a last strip of 8 columns, a short last step
     ((9, 200, 1000), 1, "column_strips"),  # strips of several outer indices
+    ((8, 50, 1001), 1, "column_strips"),   # rows of 1001 elements: loads through registers
 ]
 # The first case of every path (the backward tests run these).
 ONE_PER_PATH = [c for k, c in enumerate(PATH_CASES) if c[2] not in {d[2] for d in PATH_CASES[:k]}]
@@ -254,6 +255,41 @@ def test_backward_every_dtype(device, dtype, name, rng):
             assert got.dtype == dtype
             t = tol(dtype, shape[dim])
             if name == "cumprod" and dtype in (torch.float16, torch.bfloat16):
+                t = dict(atol=t["atol"] * 4, rtol=t["rtol"] * 4)  # the saved y is rounded
+            torch.testing.assert_close(got.double().cpu(), ref.cpu(), **t)
+
+
+def off_boundary(t):
+    """The same values, contiguous, starting one element past where an
+    allocation (16-byte aligned) starts."""
+    flat = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    flat[1:] = t.reshape(-1)
+    return flat[1:].view(t.shape)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("name", ALL_OPS)
+def test_strips_staged_and_through_registers(device, dtype, name, rng):
+    # CUDA strips copy their inputs into shared memory where each is 16-byte
+    # aligned and a row is whole 16-byte pieces of it; otherwise they load
+    # through registers. Both ways, forward and backward.
+    cases = [((40, 8200), 0, False),    # staged
+             ((8, 50, 1001), 1, False),  # rows of 1001 elements
+             ((40, 8200), 0, True)]     # inputs off a 16-byte boundary
+    for shape, dim, off in cases:
+        assert bt.scan_path(torch.empty(shape, device="meta"), dim) == "column_strips"
+        x = random_input(shape, dtype, device, rng, name)
+        if name == "logcumsumexp":  # as in test_backward_every_dtype
+            x = torch.randn(shape, generator=rng).to(dtype).to(device)
+        dy = torch.randn(shape, generator=rng).to(dtype).to(device)
+        if off:
+            x, dy = off_boundary(x), off_boundary(dy)
+        for reverse in (False, True):
+            check(name, x, dim, reverse)
+            got = our_grad(name, x, dim, reverse, dy)
+            ref = reference_grad(name, x, dim, reverse, dy)
+            t = tol(dtype, shape[dim])
+            if name == "cumprod" and dtype == torch.bfloat16:
                 t = dict(atol=t["atol"] * 4, rtol=t["rtol"] * 4)  # the saved y is rounded
             torch.testing.assert_close(got.double().cpu(), ref.cpu(), **t)
 

@@ -15,6 +15,7 @@
 #include "scan/scan_kernels.h"
 #include "scan/scan_plan.h"
 #include "scan/scan_publish.cuh"
+#include "scan/scan_strips.cuh"
 
 namespace baracuda {
 namespace {
@@ -110,119 +111,6 @@ __global__ void __launch_bounds__(kScanBlock)
         reduce_published(op, row_tiles + group_first, tile - group_first, shared.scan);
     return op.combine(from_groups, from_tiles);
   });
-}
-
-// ---------------------------------------------------------------- column_strips path
-// Block b walks strip b: lane l of every warp owns column
-// (strip mod strips_per_outer) * kStripWidth + l of outer index
-// strip / strips_per_outer. A step covers kWarps * K positions, warp w the
-// K from w * K. Per step each thread folds its K elements, the warps' totals
-// go through shared memory (double-buffered, so one barrier a step), and
-// every thread folds them in warp order from the carry of the steps before:
-// the value reached at its own warp is its prefix, the full fold the next
-// carry -- the same association in every thread, whatever the timing.
-
-// Positions per warp and step: 128 bytes of loads in flight per thread, or
-// fewer where two steps' states (and what the stores read) would not fit in
-// 80 registers (64 for two-byte types). Measured on H100, [4096, 8192] along
-// dim 0: 80 registers rather than 64 took float32 cummax forward from 238 to
-// 218 us; for bf16, 80 made cumsum backward spill and cummax backward 11 %
-// slower.
-template <typename Op>
-constexpr int kStripStateBytes = sizeof(typename Op::Storage) <= 2 ? 128 : 160;
-
-template <typename Op>
-constexpr int kStripRows =
-    std::min<int>(128 / sizeof(typename Op::Storage),
-                  kStripStateBytes<Op> /
-                      (sizeof(StateOf<Op>) + (AuxTrait<Op>::kHas ? sizeof(AuxOf<Op>) : 0)));
-
-// Blocks per SM a strip block is compiled for: two, where the compiler left
-// free may take more registers than that allows (float32 with 80 registers
-// of states) or does worse (bf16 cumsum forward, 124 -> 107 us with two);
-// bf16 ops with 8-byte states are left free (cummax backward ran 240 ->
-// 250 us with two).
-template <typename Op>
-constexpr int kStripBlocksPerSm =
-    sizeof(typename Op::Storage) <= 2 && sizeof(StateOf<Op>) > 4 ? 1 : 2;
-
-template <typename Op>
-__global__ void __launch_bounds__(kStripBlock, kStripBlocksPerSm<Op>)
-    column_strips_kernel(Op op, ScanShape s, bool reverse, int64_t strips_per_outer) {
-  using State = StateOf<Op>;
-  using Aux = AuxOf<Op>;
-  constexpr int K = kStripRows<Op>;
-  constexpr int kWarps = kStripBlock / 32;
-  constexpr int64_t kStepLen = int64_t{kWarps} * K;
-  __shared__ State totals[2][kWarps][kStripWidth];
-  const int lane = threadIdx.x % 32;
-  const int warp = threadIdx.x / 32;
-  const int64_t strips = s.outer * strips_per_outer;
-  for (int64_t strip = blockIdx.x; strip < strips; strip += gridDim.x) {
-    const int64_t o = strip / strips_per_outer;
-    const int64_t column = (strip - o * strips_per_outer) * kStripWidth + lane;
-    // Lanes past the last column load and store nothing but keep step with
-    // the barriers.
-    const int64_t p_end = column < s.inner ? s.len : 0;
-    const Line line{o * s.len * s.inner + column, s.inner, s.len, reverse};
-    State cur[K], next[K];
-    Aux cur_aux[K], next_aux[K];
-    // The totals load_run returns are not used: only its loads stay.
-    load_run(op, line, int64_t{warp} * K, p_end, cur, cur_aux);
-    State carry = op.identity();
-    int buffer = 0;
-    for (int64_t p0 = 0; p0 < s.len; p0 += kStepLen, buffer ^= 1) {
-      const bool more = p0 + kStepLen < s.len;
-      if (more) load_run(op, line, p0 + kStepLen + int64_t{warp} * K, p_end, next, next_aux);
-      totals[buffer][warp][lane] = fold_run(op, cur);
-      __syncthreads();
-      State prefix = carry;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        if (w == warp) prefix = carry;
-        carry = op.combine(carry, totals[buffer][w][lane]);
-      }
-      const int64_t first = p0 + int64_t{warp} * K;
-      if constexpr (HasRunScan<Op>::value) {
-        // The run scan leaves the inclusive states in cur (the store reads
-        // nothing else).
-        op.scan_run(prefix, cur);
-#pragma unroll
-        for (int k = 0; k < K; ++k) {
-          const int64_t p = first + k;
-          if (p < p_end) {
-            const int64_t l = line.position(p);
-            op.store(line.base + l * line.stride, l, op.identity(), cur[k]);
-          }
-        }
-      } else {
-#pragma unroll
-        for (int k = 0; k < K; ++k) {
-          const int64_t p = first + k;
-          if (p < p_end) {
-            const int64_t l = line.position(p);
-            const int64_t off = line.base + l * line.stride;
-            const State incl = op.combine(prefix, cur[k]);
-            if constexpr (AuxTrait<Op>::kHas) {
-              op.store_with(off, l, prefix, incl, cur_aux[k]);
-            } else {
-              op.store(off, l, prefix, incl);
-            }
-            prefix = incl;
-          }
-        }
-      }
-      if (more) {
-#pragma unroll
-        for (int k = 0; k < K; ++k) {
-          cur[k] = next[k];
-          cur_aux[k] = next_aux[k];
-        }
-      }
-    }
-    // The next strip's first totals reuse buffer 0.
-    __syncthreads();
-  }
 }
 
 // ---------------------------------------------------------------- columns path
@@ -363,7 +251,6 @@ __global__ void __launch_bounds__(kColumnBlock)
 
 // ---------------------------------------------------------------- launch
 
-constexpr int64_t kMaxRowBlocks = int64_t(1) << 30;
 
 template <typename Op>
 KernelStatus launch(const Op& op, const ScanShape& s, bool reverse, void* workspace,
@@ -378,7 +265,7 @@ KernelStatus launch(const Op& op, const ScanShape& s, bool reverse, void* worksp
   switch (plan.path) {
     case ScanPath::kEmpty: return KernelStatus::ok();
     case ScanPath::kRows: {
-      const unsigned grid = static_cast<unsigned>(std::min(s.outer, kMaxRowBlocks));
+      const unsigned grid = static_cast<unsigned>(std::min(s.outer, kMaxBlocks));
       rows_kernel<<<grid, kScanBlock, 0, stream>>>(op, s.outer, s.len, reverse);
       return launch_status();
     }
@@ -393,13 +280,8 @@ KernelStatus launch(const Op& op, const ScanShape& s, bool reverse, void* worksp
                                                         plan.groups, slots);
       return launch_status();
     }
-    case ScanPath::kColumnStrips: {
-      const int64_t strips = s.outer * plan.strips_per_outer;
-      const unsigned grid = static_cast<unsigned>(std::min(strips, kMaxRowBlocks));
-      column_strips_kernel<<<grid, kStripBlock, 0, stream>>>(op, s, reverse,
-                                                             plan.strips_per_outer);
-      return launch_status();
-    }
+    case ScanPath::kColumnStrips:
+      return launch_strips(op, s, plan.strips_per_outer, reverse, stream);
     case ScanPath::kColumnTiles: {
       const TileWorkspace& w = plan.tile_ws;
       const KernelStatus st =

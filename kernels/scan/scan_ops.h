@@ -12,6 +12,11 @@
 // store(off, l, excl, incl) reads it on the spot. Only an op that declares
 // kStoreReadsExclusive is sure to get the true excl; the rows engine hands
 // the others the identity there, to save a combine per element.
+// An op whose load and aux read element `off` of some input arrays and no
+// other memory may name them: for_each_input(f) calls f on each of those
+// pointer members, by reference, and kInputBytes is their element sizes
+// summed. An engine may then copy a tile of every input elsewhere (shared
+// memory) and run loads on a copy of the op pointed at it (column_strips).
 //
 // Compiled for host and device: the CPU engine and the CUDA engine run the
 // very same functors. T is the storage type, Acc the accumulation type
@@ -238,6 +243,9 @@ struct PlainIo {
   static constexpr bool kPlainIo = true;
   const T* src;
   T* dst;
+  static constexpr int kInputBytes = sizeof(T);
+  template <typename F> BHD void for_each_input(F&& f) { f(src); }
+  template <typename F> BHD void for_each_input(F&& f) const { f(src); }
   BHD Acc load(int64_t off, int64_t) const { return to_acc<Acc>(src[off]); }
   BHD void store(int64_t off, int64_t, Acc, Acc incl) const { dst[off] = from_acc<T>(incl); }
 };
@@ -316,6 +324,9 @@ struct ExtremeForward : ExtremeCombine<Acc, Pos, kMax> {
   const T* x;
   T* y;
   int64_t* indices;
+  static constexpr int kInputBytes = sizeof(T);
+  template <typename F> BHD void for_each_input(F&& f) { f(x); }
+  template <typename F> BHD void for_each_input(F&& f) const { f(x); }
   BHD State load(int64_t off, int64_t l) const {
     return {to_acc<Acc>(x[off]), static_cast<Pos>(l)};
   }
@@ -395,6 +406,9 @@ struct LogcumsumexpBackward : ScaledSumCombine<Acc>, GradWithSaved<T> {
   using GradWithSaved<T>::x;
   using GradWithSaved<T>::y;
   using GradWithSaved<T>::dx;
+  static constexpr int kInputBytes = 3 * sizeof(T);
+  template <typename F> BHD void for_each_input(F&& f) { f(dy), f(y), f(x); }
+  template <typename F> BHD void for_each_input(F&& f) const { f(dy), f(y), f(x); }
   BHD State load(int64_t off, int64_t) const {
     const Acc g = to_acc<Acc>(dy[off]);
     const Acc yv = to_acc<Acc>(y[off]);
@@ -425,6 +439,9 @@ struct ExtremeBackward : KeyedSumCombine<Acc, Pos> {
   const T* dy;
   const int64_t* indices;
   T* dx;
+  static constexpr int kInputBytes = sizeof(T) + sizeof(int64_t);
+  template <typename F> BHD void for_each_input(F&& f) { f(dy), f(indices); }
+  template <typename F> BHD void for_each_input(F&& f) const { f(dy), f(indices); }
   BHD State load(int64_t off, int64_t) const {
     return {static_cast<Pos>(indices[off]), to_acc<Acc>(dy[off])};
   }

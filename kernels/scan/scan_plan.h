@@ -54,6 +54,8 @@ constexpr int64_t kTargetThreads = int64_t(1) << 18;
 constexpr int64_t kMinSegmentLen = 32;
 constexpr int64_t kMaxGridY = 65535;
 constexpr int64_t kShortRow = 32;
+// Grid of the block-stride kernels (rows, strips): blocks beyond this loop.
+constexpr int64_t kMaxBlocks = int64_t(1) << 30;
 
 constexpr int kStripWidth = 32;   // columns of a strip: a lane each
 constexpr int kStripBlock = 256;  // threads of a strip block

@@ -1,0 +1,368 @@
+// The column_strips path of the CUDA scan engine (scan_plan.h): a block
+// walks kStripWidth (or more) adjacent columns of one outer index down the
+// whole axis, in steps. Two loaders: loads staged through shared memory by
+// asynchronous copies, for ops that name their inputs, aligned; and loads
+// prefetched into registers, for every other case. Included by scan.cu
+// alone. No torch headers.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "common/cp_async.cuh"
+#include "common/cuda_launch.cuh"
+#include "scan/scan_block.cuh"
+#include "scan/scan_plan.h"
+
+namespace baracuda {
+namespace scan {
+
+// ---------------------------------------------------------------- column_strips path
+// Block b walks strip b: lane l of every warp owns column
+// (strip mod strips_per_outer) * kStripWidth + l of outer index
+// strip / strips_per_outer. A step covers kWarps * K positions, warp w the
+// K from w * K. Per step each thread folds its K elements, the warps' totals
+// go through shared memory (double-buffered, so one barrier a step), and
+// every thread folds them in warp order from the carry of the steps before:
+// the value reached at its own warp is its prefix, the full fold the next
+// carry -- the same association in every thread, whatever the timing.
+
+// Positions per warp and step: 128 bytes of loads in flight per thread, or
+// fewer where two steps' states (and what the stores read) would not fit in
+// 80 registers (64 for two-byte types). Measured on H100, [4096, 8192] along
+// dim 0: 80 registers rather than 64 took float32 cummax forward from 238 to
+// 218 us; for bf16, 80 made cumsum backward spill and cummax backward 11 %
+// slower.
+template <typename Op>
+constexpr int kStripStateBytes = sizeof(typename Op::Storage) <= 2 ? 128 : 160;
+
+template <typename Op>
+constexpr int kStripRows =
+    std::min<int>(128 / sizeof(typename Op::Storage),
+                  kStripStateBytes<Op> /
+                      (sizeof(StateOf<Op>) + (AuxTrait<Op>::kHas ? sizeof(AuxOf<Op>) : 0)));
+
+// Blocks per SM a strip block is compiled for: two, where the compiler left
+// free may take more registers than that allows (float32 with 80 registers
+// of states) or does worse (bf16 cumsum forward, 124 -> 107 us with two);
+// bf16 ops with 8-byte states are left free (cummax backward ran 240 ->
+// 250 us with two).
+template <typename Op>
+constexpr int kStripBlocksPerSm =
+    sizeof(typename Op::Storage) <= 2 && sizeof(StateOf<Op>) > 4 ? 1 : 2;
+
+// One step of a strip, for one column of a thread: the thread has its K
+// positions of the step in `cur` (identity past p_end) and each warp's total
+// of them is in totals[warp][column] (a barrier after they were written).
+// Folds the warps' totals in warp order from `carry` (which becomes the
+// carry of the next step) and stores its positions from `first`.
+template <typename Op, int K, int kWarps, int kWidth>
+__device__ void finish_strip_step(const Op& op, const Line& line, int64_t first, int64_t p_end,
+                                  StateOf<Op> (&cur)[K], const AuxOf<Op> (&cur_aux)[K],
+                                  const StateOf<Op> (&totals)[kWarps][kWidth], int column,
+                                  StateOf<Op>& carry) {
+  using State = StateOf<Op>;
+  const int warp = threadIdx.x / 32;
+  State prefix = carry;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    if (w == warp) prefix = carry;
+    carry = op.combine(carry, totals[w][column]);
+  }
+  if constexpr (HasRunScan<Op>::value) {
+    // The run scan leaves the inclusive states in cur (the store reads
+    // nothing else).
+    op.scan_run(prefix, cur);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int64_t p = first + k;
+      if (p < p_end) {
+        const int64_t l = line.position(p);
+        op.store(line.base + l * line.stride, l, op.identity(), cur[k]);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int64_t p = first + k;
+      if (p < p_end) {
+        const int64_t l = line.position(p);
+        const int64_t off = line.base + l * line.stride;
+        const State incl = op.combine(prefix, cur[k]);
+        if constexpr (AuxTrait<Op>::kHas) {
+          op.store_with(off, l, prefix, incl, cur_aux[k]);
+        } else {
+          op.store(off, l, prefix, incl);
+        }
+        prefix = incl;
+      }
+    }
+  }
+}
+
+template <typename Op>
+__global__ void __launch_bounds__(kStripBlock, kStripBlocksPerSm<Op>)
+    column_strips_kernel(Op op, ScanShape s, bool reverse, int64_t strips_per_outer) {
+  using State = StateOf<Op>;
+  using Aux = AuxOf<Op>;
+  constexpr int K = kStripRows<Op>;
+  constexpr int kWarps = kStripBlock / 32;
+  constexpr int64_t kStepLen = int64_t{kWarps} * K;
+  __shared__ State totals[2][kWarps][kStripWidth];
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int64_t strips = s.outer * strips_per_outer;
+  for (int64_t strip = blockIdx.x; strip < strips; strip += gridDim.x) {
+    const int64_t o = strip / strips_per_outer;
+    const int64_t column = (strip - o * strips_per_outer) * kStripWidth + lane;
+    // Lanes past the last column load and store nothing but keep step with
+    // the barriers.
+    const int64_t p_end = column < s.inner ? s.len : 0;
+    const Line line{o * s.len * s.inner + column, s.inner, s.len, reverse};
+    State cur[K], next[K];
+    Aux cur_aux[K], next_aux[K];
+    // The totals load_run returns are not used: only its loads stay.
+    load_run(op, line, int64_t{warp} * K, p_end, cur, cur_aux);
+    State carry = op.identity();
+    int buffer = 0;
+    for (int64_t p0 = 0; p0 < s.len; p0 += kStepLen, buffer ^= 1) {
+      const bool more = p0 + kStepLen < s.len;
+      if (more) load_run(op, line, p0 + kStepLen + int64_t{warp} * K, p_end, next, next_aux);
+      totals[buffer][warp][lane] = fold_run(op, cur);
+      __syncthreads();
+      finish_strip_step(op, line, p0 + int64_t{warp} * K, p_end, cur, cur_aux, totals[buffer],
+                        lane, carry);
+      if (more) {
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+          cur[k] = next[k];
+          cur_aux[k] = next_aux[k];
+        }
+      }
+    }
+    // The next strip's first totals reuse buffer 0.
+    __syncthreads();
+  }
+}
+
+// ---------------------------------------------------------------- staged column_strips
+// The same walk, for ops that name their inputs (kInputBytes, scan_ops.h),
+// with the loads staged through shared memory by asynchronous copies: each
+// warp copies its own positions of the next kStripStages - 1 steps, so the
+// bytes in flight hold no registers. (The register prefetch above keeps one
+// step in flight, and for two-byte types as many loads, hence half the
+// bytes, as for float32.) A strip is kStagedWidth columns, kLaneColumns per
+// lane (lane, lane + 32). Only where every 16-byte piece of a row of each
+// input lies wholly inside the tensor or wholly past its last column,
+// aligned (staged_strips_fit).
+
+template <typename Op, typename = void>
+struct HasInputs : std::false_type {};
+template <typename Op>
+struct HasInputs<Op, std::void_t<decltype(Op::kInputBytes)>> : std::true_type {};
+
+// Two columns per lane for plain ops on two-byte types (bf16 cumsum
+// [4096, 8192] along dim 0 took 51 us with 128-byte rows of a strip, 59
+// with 64-byte ones). The costlier combines (logcumsumexp, cummax, cummin)
+// ran slower so, their fewer strips filling one block per SM (cummax
+// forward 164 -> 247 us).
+template <typename Op>
+constexpr int kLaneColumns =
+    sizeof(typename Op::Storage) == 2 && HasPlainIo<Op>::value && !HasRunScan<Op>::value ? 2 : 1;
+
+template <typename Op>
+constexpr int kStagedWidth = kStripWidth * kLaneColumns<Op>;
+
+// Positions per warp and step: about 16 KiB of inputs per block and step,
+// more for a run scan (longer runs, fewer joins), and no more than 128
+// bytes of states per thread (bf16 cummax forward spilled with 32 positions
+// of 8-byte states).
+template <typename Op>
+constexpr int kStagedRows =
+    std::min<int>(HasRunScan<Op>::value || Op::kInputBytes <= 2 ? 32
+                  : Op::kInputBytes <= 4                         ? 16
+                                                                 : 8,
+                  128 / (sizeof(StateOf<Op>) * kLaneColumns<Op>));
+
+template <typename Op>
+constexpr int kStagedWarpBytes = kStagedRows<Op> * kStagedWidth<Op> * Op::kInputBytes;
+
+template <typename Op>
+constexpr int kStagedStepBytes = (kStripBlock / 32) * kStagedWarpBytes<Op>;
+
+// Steps in shared memory: about 40 KiB of copies in flight per block, and
+// at least two steps (80 KiB ran up to 4 % slower: bf16 cummax backward
+// 148 -> 153 us, f32 cumsum backward 108.6 -> 110.5).
+template <typename Op>
+constexpr int kStripStages = std::max(3, std::min(8, 1 + (40 << 10) / kStagedStepBytes<Op>));
+
+template <typename Op>
+constexpr int kStagedSmemBytes = kStripStages<Op> * kStagedStepBytes<Op>;
+
+// Element (position p of the warp's part of the step, column c of the
+// strip) of an input of element type U sits at U index p * kStagedWidth + c
+// of the warp's region of the stage, the inputs one after the other.
+// Two blocks per SM, but one for two columns per lane: their 2 x 16 states
+// spilled in 128 registers.
+template <typename Op>
+__global__ void __launch_bounds__(kStripBlock, kLaneColumns<Op> == 2 ? 1 : 2)
+    staged_strips_kernel(Op op, ScanShape s, bool reverse, int64_t strips_per_outer) {
+  using State = StateOf<Op>;
+  using Aux = AuxOf<Op>;
+  constexpr int K = kStagedRows<Op>;
+  constexpr int C = kLaneColumns<Op>;
+  constexpr int W = kStagedWidth<Op>;
+  constexpr int S = kStripStages<Op>;
+  constexpr int kWarps = kStripBlock / 32;
+  constexpr int64_t kStepLen = int64_t{kWarps} * K;
+  extern __shared__ uint4 staged[];
+  __shared__ State totals[2][kWarps][W];
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int64_t strips = s.outer * strips_per_outer;
+  const int64_t steps = (s.len + kStepLen - 1) / kStepLen;
+  const auto region = [&](int64_t step) {
+    return reinterpret_cast<char*>(staged) + ((step % S) * kWarps + warp) * kStagedWarpBytes<Op>;
+  };
+  for (int64_t strip = blockIdx.x; strip < strips; strip += gridDim.x) {
+    const int64_t o = strip / strips_per_outer;
+    const int64_t column0 = (strip - o * strips_per_outer) * W;
+    const int64_t outer_base = o * s.len * s.inner;
+    // Copies this warp's positions of `step` into its region; one commit
+    // group per call, empty past the last step, so that waiting for all but
+    // the newest S - 1 groups waits for the step about to be scanned.
+    const auto fetch = [&](int64_t step) {
+      if (step < steps) {
+        char* to = region(step);
+        const int64_t first = step * kStepLen + int64_t{warp} * K;
+        op.for_each_input([&](const auto* from) {
+          using U = std::remove_cv_t<std::remove_pointer_t<decltype(from)>>;
+          constexpr int kPieces = W * int{sizeof(U)} / 16;  // of a position
+          constexpr int kPieceElems = 16 / int{sizeof(U)};
+          static_assert(K * kPieces % 32 == 0, "whole rounds of the warp");
+#pragma unroll
+          for (int i = 0; i < K * kPieces / 32; ++i) {
+            const int c = i * 32 + lane;
+            const int r = c / kPieces;
+            const int q = c - r * kPieces;
+            const int64_t p = first + r;
+            const bool valid = p < s.len && column0 + q * kPieceElems < s.inner;
+            const U* at = from;
+            if (valid) {
+              const int64_t l = reverse ? s.len - 1 - p : p;
+              at += outer_base + l * s.inner + column0 + q * kPieceElems;
+            }
+            cp_async16(to + c * 16, at, valid);
+          }
+          to += K * W * int{sizeof(U)};
+        });
+      }
+      cp_async_commit();
+    };
+#pragma unroll
+    for (int j = 0; j < S - 1; ++j) fetch(j);
+    State carry[C];
+#pragma unroll
+    for (int j = 0; j < C; ++j) carry[j] = op.identity();
+    for (int64_t step = 0; step < steps; ++step) {
+      // The region refilled now was read by this warp at the step before.
+      __syncwarp();
+      fetch(step + S - 1);
+      cp_async_wait<S - 1>();
+      __syncwarp();
+      Op view = op;
+      {
+        char* at = region(step);
+        view.for_each_input([&](auto& ptr) {
+          using P = std::remove_reference_t<decltype(ptr)>;
+          ptr = reinterpret_cast<P>(at);
+          at += K * W * int{sizeof(*ptr)};
+        });
+      }
+      const int64_t first = step * kStepLen + int64_t{warp} * K;
+      State cur[C][K];
+      Aux cur_aux[C][K];
+#pragma unroll
+      for (int j = 0; j < C; ++j) {
+        const int column = j * 32 + lane;
+        const int64_t p_end = column0 + column < s.inner ? s.len : 0;
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+          const int64_t p = first + k;
+          cur[j][k] = op.identity();
+          if (p < p_end) {
+            const int64_t l = reverse ? s.len - 1 - p : p;
+            cur[j][k] = view.load(k * W + column, l);
+            if constexpr (AuxTrait<Op>::kHas) cur_aux[j][k] = view.aux(k * W + column, l);
+          }
+        }
+        totals[step % 2][warp][column] = fold_run(op, cur[j]);
+      }
+      __syncthreads();
+#pragma unroll
+      for (int j = 0; j < C; ++j) {
+        const int column = j * 32 + lane;
+        const int64_t p_end = column0 + column < s.inner ? s.len : 0;
+        const Line line{outer_base + column0 + column, s.inner, s.len, reverse};
+        finish_strip_step(op, line, first, p_end, cur[j], cur_aux[j], totals[step % 2], column,
+                          carry[j]);
+      }
+    }
+    // The next strip's first totals reuse buffer 0, its first copies the
+    // regions read last.
+    __syncthreads();
+  }
+}
+
+// Whether an op's strips may be staged: its inputs named (with element
+// sizes that add up to kInputBytes) and 16-byte aligned, and every row
+// a whole number of 16-byte pieces of each.
+struct InputCheck {
+  int bytes = 0;
+  bool aligned = true;
+  template <typename U>
+  __host__ __device__ void operator()(const U* from) {
+    bytes += int{sizeof(U)};
+    aligned = aligned && reinterpret_cast<uintptr_t>(from) % 16 == 0;
+  }
+};
+
+template <typename Op>
+bool staged_strips_fit(const Op& op, const ScanShape& s, bool& names_right) {
+  InputCheck check;
+  op.for_each_input(check);
+  names_right = check.bytes == Op::kInputBytes;
+  // 8 elements of the narrowest input (two bytes) make 16 bytes.
+  return names_right && check.aligned && s.inner % 8 == 0;
+}
+
+// Launches the strips of an op: staged where staged_strips_fit, through
+// registers otherwise.
+template <typename Op>
+KernelStatus launch_strips(const Op& op, const ScanShape& s, int64_t strips_per_outer,
+                           bool reverse, cudaStream_t stream) {
+  if constexpr (HasInputs<Op>::value) {
+    bool names_right = true;
+    if (staged_strips_fit(op, s, names_right)) {
+      constexpr int kSmem = kStagedSmemBytes<Op>;
+      auto kernel = staged_strips_kernel<Op>;
+      // Above 48 KiB, dynamic shared memory must be opted into per kernel.
+      const KernelStatus st = to_status(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+      if (!st.is_ok()) return st;
+      const int64_t per_outer = ceil_div(s.inner, kStagedWidth<Op>);
+      const unsigned grid = static_cast<unsigned>(std::min(s.outer * per_outer, kMaxBlocks));
+      kernel<<<grid, kStripBlock, kSmem, stream>>>(op, s, reverse, per_outer);
+      return launch_status();
+    }
+    if (!names_right) return KernelStatus::invalid("scan: an op misnames its inputs");
+  }
+  const unsigned grid =
+      static_cast<unsigned>(std::min(s.outer * strips_per_outer, kMaxBlocks));
+  column_strips_kernel<<<grid, kStripBlock, 0, stream>>>(op, s, reverse, strips_per_outer);
+  return launch_status();
+}
+
+}  // namespace scan
+}  // namespace baracuda
