@@ -270,9 +270,10 @@ def off_boundary(t):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("name", ALL_OPS)
 def test_strips_staged_and_through_registers(device, dtype, name, rng):
-    # CUDA strips copy their inputs into shared memory where each is 16-byte
-    # aligned and a row is whole 16-byte pieces of it; otherwise they load
-    # through registers. Both ways, forward and backward.
+    # CUDA strips of bf16 (and of logcumsumexp) copy their inputs into shared
+    # memory where each is 16-byte aligned and a row is whole 16-byte pieces
+    # of it; otherwise they load through registers. Both ways, forward and
+    # backward.
     cases = [((40, 8200), 0, False),    # staged
              ((8, 50, 1001), 1, False),  # rows of 1001 elements
              ((40, 8200), 0, True)]     # inputs off a 16-byte boundary

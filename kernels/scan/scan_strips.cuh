@@ -1,8 +1,8 @@
 // The column_strips path of the CUDA scan engine (scan_plan.h): a block
 // walks kStripWidth (or more) adjacent columns of one outer index down the
 // whole axis, in steps. Two loaders: loads staged through shared memory by
-// asynchronous copies, for ops that name their inputs, aligned; and loads
-// prefetched into registers, for every other case. Included by scan.cu
+// asynchronous copies (two-byte types and logcumsumexp, aligned inputs);
+// and loads prefetched into registers, for every other case. Included by scan.cu
 // alone. No torch headers.
 #pragma once
 
@@ -147,20 +147,31 @@ __global__ void __launch_bounds__(kStripBlock, kStripBlocksPerSm<Op>)
 }
 
 // ---------------------------------------------------------------- staged column_strips
-// The same walk, for ops that name their inputs (kInputBytes, scan_ops.h),
-// with the loads staged through shared memory by asynchronous copies: each
-// warp copies its own positions of the next kStripStages - 1 steps, so the
-// bytes in flight hold no registers. (The register prefetch above keeps one
-// step in flight, and for two-byte types as many loads, hence half the
-// bytes, as for float32.) A strip is kStagedWidth columns, kLaneColumns per
-// lane (lane, lane + 32). Only where every 16-byte piece of a row of each
-// input lies wholly inside the tensor or wholly past its last column,
-// aligned (staged_strips_fit).
+// The same walk, for ops that name their inputs (kInputBytes, scan_ops.h)
+// where it pays (kStagingPays), with the loads staged through shared memory
+// by asynchronous copies: each warp copies its own positions of the next
+// kStripStages - 1 steps, so the bytes in flight hold no registers. (The
+// register prefetch above keeps one step in flight, and for two-byte types
+// as many loads, hence half the bytes, as for float32.) A strip is
+// kStagedWidth columns, kLaneColumns per lane (lane, lane + 32). Only where
+// every 16-byte piece of a row of each input lies wholly inside the tensor
+// or wholly past its last column, aligned (staged_strips_fit).
 
 template <typename Op, typename = void>
 struct HasInputs : std::false_type {};
 template <typename Op>
 struct HasInputs<Op, std::void_t<decltype(Op::kInputBytes)>> : std::true_type {};
+
+// Where staging pays: two-byte types, and ops with more per element than a
+// plain combine (logcumsumexp's run scan, the aux its backward reads). H100,
+// [4096, 8192] along dim 0, registers -> staged: bf16 cumsum 106 -> 52 us,
+// f32 logcumsumexp forward 133 -> 125, backward 502 -> 272; but f32 cumsum
+// backward 106 -> 110 and cummax backward 188 -> 195, so the other four-
+// and eight-byte ops keep the register loader.
+template <typename Op>
+constexpr bool kStagingPays = HasInputs<Op>::value && (sizeof(typename Op::Storage) == 2 ||
+                                                       HasRunScan<Op>::value ||
+                                                       AuxTrait<Op>::kHas);
 
 // Two columns per lane for plain ops on two-byte types (bf16 cumsum
 // [4096, 8192] along dim 0 took 51 us with 128-byte rows of a strip, 59
@@ -337,12 +348,12 @@ bool staged_strips_fit(const Op& op, const ScanShape& s, bool& names_right) {
   return names_right && check.aligned && s.inner % 8 == 0;
 }
 
-// Launches the strips of an op: staged where staged_strips_fit, through
-// registers otherwise.
+// Launches the strips of an op: staged where that pays and fits
+// (kStagingPays, staged_strips_fit), through registers otherwise.
 template <typename Op>
 KernelStatus launch_strips(const Op& op, const ScanShape& s, int64_t strips_per_outer,
                            bool reverse, cudaStream_t stream) {
-  if constexpr (HasInputs<Op>::value) {
+  if constexpr (kStagingPays<Op>) {
     bool names_right = true;
     if (staged_strips_fit(op, s, names_right)) {
       constexpr int kSmem = kStagedSmemBytes<Op>;
