@@ -220,35 +220,41 @@ union RowShared {
   typename RowExchangeOf<Op>::TempStorage exchange;
 };
 
+// Scans a thread's run of blocked states from `run`, everything before it:
+// leaves in `blocked` everything up to each element (or before it, for a store
+// that reads the exclusive state).
+template <typename Op, int N>
+__device__ void scan_thread_run(const Op& op, StateOf<Op> run, StateOf<Op> (&blocked)[N]) {
+  if constexpr (HasRunScan<Op>::value) {
+    static_assert(!StoreReadsExclusive<Op>::value, "a run scan gives inclusive states");
+    op.scan_run(run, blocked);
+  } else {
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const StateOf<Op> next = op.combine(run, blocked[k]);
+      blocked[k] = StoreReadsExclusive<Op>::value ? run : next;
+      run = next;
+    }
+  }
+}
+
 // The block-wide part of a chunk scan: thread t holds kScanItems
 // consecutive elements (blocked). A block scan of the per-thread totals
 // gives each thread its prefix; `prefix_of(total)` is called by every thread
 // with the chunk's total and returns the state of everything before the
-// chunk. Leaves in `blocked` everything up to each element (or before it,
-// for a store that reads the exclusive state). Returns the chunk's total.
+// chunk. Leaves in `blocked` what scan_thread_run leaves. Returns the
+// chunk's total.
 template <typename Op, typename PrefixOf>
 __device__ StateOf<Op> scan_blocked(const Op& op, StateOf<Op> (&blocked)[kScanItems],
                                     RowShared<Op>& shared, PrefixOf&& prefix_of) {
   using State = StateOf<Op>;
-  constexpr bool kExclusive = StoreReadsExclusive<Op>::value;
   // Positions past the end hold the identity, so they may be folded in.
   const State total = fold_run(op, blocked);
   State before, chunk_total;
   BlockScanOf<Op>(shared.scan).ExclusiveScan(total, before, op.identity(), CombineFn<Op>{op},
                                              chunk_total);
   __syncthreads();
-  State run = op.combine(prefix_of(chunk_total), before);
-  if constexpr (HasRunScan<Op>::value) {
-    static_assert(!kExclusive, "a run scan gives inclusive states");
-    op.scan_run(run, blocked);
-  } else {
-#pragma unroll
-    for (int k = 0; k < kScanItems; ++k) {
-      const State next = op.combine(run, blocked[k]);
-      blocked[k] = kExclusive ? run : next;
-      run = next;
-    }
-  }
+  scan_thread_run(op, op.combine(prefix_of(chunk_total), before), blocked);
   return chunk_total;
 }
 
@@ -256,63 +262,107 @@ __device__ StateOf<Op> scan_blocked(const Op& op, StateOf<Op> (&blocked)[kScanIt
 template <typename Op>
 constexpr bool kMayGoDirect = HasPlainIo<Op>::value && kDirectRuns<kScanItems, Op>;
 
-// One block scans kRowChunk elements of a row (inner == 1) from scan
-// position `chunk` (scan_blocked; prefix_of as there). Memory is read and
-// written striped (element k * kScanBlock + t by thread t: every warp access
-// is one contiguous run), the scan runs blocked, the two arrangements being
-// exchanged through shared memory -- except for PlainIo ops on aligned rows
-// whose runs are one 16-byte vector (kDirectRuns): those move directly.
-// Returns the chunk's total.
-template <typename Op, typename PrefixOf>
-__device__ StateOf<Op> scan_chunk(const Op& op, const Line& line, int64_t chunk,
-                                  RowShared<Op>& shared, PrefixOf&& prefix_of) {
+// Whether the chunks of a line move directly: the same for every thread.
+template <typename Op>
+__device__ bool chunks_go_direct(const Op& op, const Line& line) {
+  if constexpr (kMayGoDirect<Op>) {
+    return direct_runs_fit<kScanItems>(op, line);
+  } else {
+    return false;
+  }
+}
+
+// A thread's part of one chunk of kRowChunk positions: its kScanItems
+// consecutive states (blocked), and on the striped layout what it loaded,
+// in memory order, with what the stores read besides the states.
+template <typename Op>
+struct ChunkRegs {
+  StateOf<Op> blocked[kScanItems];
+  StateOf<Op> striped[kScanItems];
+  AuxOf<Op> aux[kScanItems];
+};
+
+// Memory is read and written striped (element k * kScanBlock + t by thread
+// t: every warp access is one contiguous run), the scan runs blocked, the two
+// arrangements being exchanged through shared memory -- except for PlainIo
+// ops on aligned rows whose runs are one 16-byte vector (kDirectRuns): those
+// move directly. A chunk goes through load_chunk (issues its loads),
+// arrange_chunk (blocked states in r.blocked), a scan of r.blocked, and
+// store_chunk; the steps of several chunks may interleave, all loads first.
+template <typename Op>
+__device__ void load_chunk(const Op& op, const Line& line, int64_t chunk, bool direct,
+                           ChunkRegs<Op>& r) {
+  if constexpr (kMayGoDirect<Op>) {
+    if (direct) {
+      load_direct(op, line, chunk + int64_t{threadIdx.x} * kScanItems, r.blocked);
+      return;
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kScanItems; ++k) {
+    const int64_t p = chunk + int64_t(k) * kScanBlock + threadIdx.x;
+    r.striped[k] = op.identity();
+    if (p < line.len) {
+      const int64_t l = line.position(p);
+      r.striped[k] = op.load(line.base + l, l);
+      if constexpr (AuxTrait<Op>::kHas) r.aux[k] = op.aux(line.base + l, l);
+    }
+  }
+}
+
+// Ends with a barrier on the striped layout (shared memory is free again).
+template <typename Op>
+__device__ void arrange_chunk(bool direct, ChunkRegs<Op>& r, RowShared<Op>& shared) {
+  if (direct) return;
+  RowExchangeOf<Op>(shared.exchange).StripedToBlocked(r.striped, r.blocked);
+  __syncthreads();
+}
+
+// Stores the scanned r.blocked. What the stores read besides the states came
+// in with the loads: the stores are striped as the loads were. Ends with a
+// barrier on the striped layout.
+template <typename Op>
+__device__ void store_chunk(const Op& op, const Line& line, int64_t chunk, bool direct,
+                            ChunkRegs<Op>& r, RowShared<Op>& shared) {
   using State = StateOf<Op>;
   constexpr bool kExclusive = StoreReadsExclusive<Op>::value;
-  static_assert(!(kExclusive && kMayGoDirect<Op>), "direct runs store incl alone");
-  State blocked[kScanItems];
   if constexpr (kMayGoDirect<Op>) {
-    // The same for every thread of the block.
-    if (direct_runs_fit<kScanItems>(op, line)) {
-      const int64_t first = chunk + int64_t{threadIdx.x} * kScanItems;
-      load_direct(op, line, first, blocked);
-      const State chunk_total = scan_blocked(op, blocked, shared, prefix_of);
-      store_direct(op, line, first, blocked);
-      return chunk_total;
+    static_assert(!kExclusive, "direct runs store incl alone");
+    if (direct) {
+      store_direct(op, line, chunk + int64_t{threadIdx.x} * kScanItems, r.blocked);
+      return;
     }
   }
-  State striped[kScanItems];
-  // What the stores read besides the states comes in with the states: the
-  // stores are striped as the loads are, so no exchange is needed.
-  AuxOf<Op> aux[kScanItems];
-#pragma unroll
-  for (int k = 0; k < kScanItems; ++k) {
-    const int64_t p = chunk + int64_t(k) * kScanBlock + threadIdx.x;
-    striped[k] = op.identity();
-    if (p < line.len) {
-      const int64_t l = line.position(p);
-      striped[k] = op.load(line.base + l, l);
-      if constexpr (AuxTrait<Op>::kHas) aux[k] = op.aux(line.base + l, l);
-    }
-  }
-  RowExchangeOf<Op>(shared.exchange).StripedToBlocked(striped, blocked);
-  __syncthreads();
-  const State chunk_total = scan_blocked(op, blocked, shared, prefix_of);
-  RowExchangeOf<Op>(shared.exchange).BlockedToStriped(blocked, blocked);
+  RowExchangeOf<Op>(shared.exchange).BlockedToStriped(r.blocked, r.blocked);
   __syncthreads();
 #pragma unroll
   for (int k = 0; k < kScanItems; ++k) {
     const int64_t p = chunk + int64_t(k) * kScanBlock + threadIdx.x;
     if (p < line.len) {
       const int64_t l = line.position(p);
-      const State excl = kExclusive ? blocked[k] : op.identity();
-      const State incl = kExclusive ? op.combine(blocked[k], striped[k]) : blocked[k];
+      const State excl = kExclusive ? r.blocked[k] : op.identity();
+      const State incl = kExclusive ? op.combine(r.blocked[k], r.striped[k]) : r.blocked[k];
       if constexpr (AuxTrait<Op>::kHas) {
-        op.store_with(line.base + l, l, excl, incl, aux[k]);
+        op.store_with(line.base + l, l, excl, incl, r.aux[k]);
       } else {
         op.store(line.base + l, l, excl, incl);
       }
     }
   }
+}
+
+// One block scans kRowChunk elements of a row (inner == 1) from scan
+// position `chunk` (scan_blocked; prefix_of as there). Returns the chunk's
+// total.
+template <typename Op, typename PrefixOf>
+__device__ StateOf<Op> scan_chunk(const Op& op, const Line& line, int64_t chunk,
+                                  RowShared<Op>& shared, PrefixOf&& prefix_of) {
+  const bool direct = chunks_go_direct(op, line);
+  ChunkRegs<Op> r;
+  load_chunk(op, line, chunk, direct, r);
+  arrange_chunk(direct, r, shared);
+  const StateOf<Op> chunk_total = scan_blocked(op, r.blocked, shared, prefix_of);
+  store_chunk(op, line, chunk, direct, r, shared);
   return chunk_total;
 }
 
