@@ -510,3 +510,21 @@ def test_tens_of_millions_on_cuda(name):
             ref_g = reference_grad(name, x, 1, reverse, dy)
             torch.testing.assert_close(got_g.double().cpu(), ref_g.cpu(),
                                        atol=1e-5 * max(ref_g.abs().max().item(), 1.0), rtol=1e-4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_long_rows_more_tile_groups_than_readers_on_cuda():
+    """A row long enough that each reader of earlier groups' totals folds
+    several of them (more groups than the 224 reading lanes of a long_rows
+    block, for float32 tiles of three chunks). Small integers keep every
+    float32 partial sum exact, so the check is equality."""
+    n = 240 * 32 * 3 * 2048 + 777
+    g = torch.Generator(device="cuda").manual_seed(11)
+    ints = torch.randint(-1, 2, (1, n), generator=g, device="cuda")
+    x = ints.float()
+    assert bt.scan_path(x, 1) == "long_rows"
+    for reverse in (False, True):
+        ref = ints.flip(1).cumsum(1).flip(1) if reverse else ints.cumsum(1)
+        assert ref.abs().max().item() < 1 << 24
+        got = bt.cumsum(x, 1, reverse=reverse)
+        assert torch.equal(got.long(), ref)

@@ -4,14 +4,15 @@
 //
 //   rows       inner == 1: one block per row walks it in chunks of
 //              kRowChunk, carrying the prefix from chunk to chunk.
-//   long_rows  inner == 1, few long rows: one pass over tiles of kTileLen
-//              held in registers. Tiles take tickets in order, publish their
-//              totals, and each group of kGroupTiles tiles gets one total
-//              (published by the group's last tile); a tile's prefix is the
-//              in-order reduction of the earlier groups' totals and of the
-//              earlier tiles of its own group -- the same association
-//              whatever the timing, so bit-identical run to run, and a tile
-//              only ever waits for tiles with smaller tickets (no deadlock).
+//   long_rows  inner == 1, few long rows: one pass over tiles of one or
+//              more chunks (scan.cu), held in registers. Tiles take tickets
+//              in order, publish their totals, and each group of kGroupTiles
+//              tiles gets one total (published by the group's last tile); a
+//              tile's prefix is the in-order reduction of the earlier groups'
+//              totals and of the earlier tiles of its own group -- the same
+//              association whatever the timing, so bit-identical run to run,
+//              and a tile only ever waits for tiles with smaller tickets (no
+//              deadlock).
 //   column_strips  inner > 1 with enough columns for kMinStrips strips, and
 //              at least three in four lanes of a strip with a column: a
 //              block owns kStripWidth consecutive columns of one outer index
@@ -45,7 +46,9 @@ enum class ScanPath : int { kEmpty, kRows, kLongRows, kColumnStrips, kColumnTile
 constexpr int kScanBlock = 256;         // threads of a row / tile block
 constexpr int kScanItems = 8;           // consecutive elements per thread
 constexpr int64_t kRowChunk = int64_t(kScanBlock) * kScanItems;
-constexpr int64_t kTileLen = kRowChunk;   // long_rows: one chunk per tile
+// long_rows tiles are one or more chunks (the op decides, scan.cu); the plan
+// sizes the workspace for the shortest.
+constexpr int64_t kTileLen = kRowChunk;
 constexpr int64_t kGroupTiles = 32;
 constexpr int kColumnBlock = 128;       // threads of a column block
 constexpr int64_t kWorkspaceSlotBytes = 16;  // every scan state fits in 16 bytes

@@ -100,24 +100,22 @@ __device__ void publish_flagged(FlaggedState<State>* slot, const State& value) {
   }
 }
 
-// Spins until the state is out; returns it.
+// One attempt: true, with the state in `out`, if it is out.
 template <typename State>
-__device__ State read_flagged(const FlaggedState<State>* slot) {
+__device__ bool try_read_flagged(const FlaggedState<State>* slot, State& out) {
   StateWords<State> v;
-  bool ready;
-  do {
-    ready = true;
+  bool ready = true;
 #pragma unroll
-    for (int w = 0; w < FlaggedState<State>::kWords; ++w) {
-      unsigned int flag, pad;
-      asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                   : "=r"(flag), "=r"(pad), "=r"(v.u[2 * w]), "=r"(v.u[2 * w + 1])
-                   : "l"(slot->words + w)
-                   : "memory");
-      ready &= flag != 0u;
-    }
-  } while (!ready);
-  return v.state;
+  for (int w = 0; w < FlaggedState<State>::kWords; ++w) {
+    unsigned int flag, pad;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(flag), "=r"(pad), "=r"(v.u[2 * w]), "=r"(v.u[2 * w + 1])
+                 : "l"(slot->words + w)
+                 : "memory");
+    ready &= flag != 0u;
+  }
+  out = v.state;
+  return ready;
 }
 
 // Where long_rows keeps its ticket counter and published totals (the layout
@@ -142,21 +140,92 @@ LongRowsSlots<State> long_rows_slots(void* workspace, int64_t rows, int64_t tile
   return t;
 }
 
-// In-order reduction of n published states: thread j folds a fixed run of
-// them, then a block scan joins the runs. The association depends on n only.
-template <typename Op>
-__device__ StateOf<Op> reduce_published(const Op& op, const FlaggedState<StateOf<Op>>* slots,
-                                        int64_t n, typename BlockScanOf<Op>::TempStorage& tmp) {
+// Folds published states [begin, end) in order, kBatch loads in flight at a
+// time (the spin of one does not hold back the loads of the others).
+template <typename Op, int kBatch = 2>
+__device__ StateOf<Op> fold_published(const Op& op, const FlaggedState<StateOf<Op>>* slots,
+                                      int64_t begin, int64_t end) {
   using State = StateOf<Op>;
-  const int64_t per = (n + kScanBlock - 1) / kScanBlock;
-  const int64_t begin = int64_t(threadIdx.x) * per;
-  const int64_t end = begin + per < n ? begin + per : n;
   State acc = op.identity();
-  for (int64_t k = begin; k < end; ++k) acc = op.combine(acc, read_flagged(slots + k));
-  State before, total;
-  BlockScanOf<Op>(tmp).ExclusiveScan(acc, before, op.identity(), CombineFn<Op>{op}, total);
-  __syncthreads();
+  for (int64_t k0 = begin; k0 < end; k0 += kBatch) {
+    State v[kBatch];
+    bool ready[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) ready[j] = k0 + j >= end;
+    bool all;
+    do {
+      all = true;
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        if (!ready[j]) ready[j] = try_read_flagged(slots + k0 + j, v[j]);
+        all &= ready[j];
+      }
+    } while (!all);
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      if (k0 + j < end) acc = op.combine(acc, v[j]);
+    }
+  }
+  return acc;
+}
+
+// The in-order fold of one value per lane of a warp, in every lane.
+template <typename Op>
+__device__ StateOf<Op> fold_warp(const Op& op, const StateOf<Op>& v) {
+  using WarpScan = cub::WarpScan<StateOf<Op>>;
+  __shared__ typename WarpScan::TempStorage tmp[kScanBlock / 32];
+  StateOf<Op> before, total;
+  WarpScan(tmp[threadIdx.x / 32]).ExclusiveScan(v, before, op.identity(), CombineFn<Op>{op}, total);
   return total;
+}
+
+// Everything before tile `tile` of a row of long_rows, from the published
+// totals, in one round of reads: warp 0 publishes the tile's total and reads
+// the earlier tiles of its group, a lane each (and when the tile closes a
+// group that later tiles depend on, publishes the group's total); the other
+// warps read the earlier groups' totals, each lane a fixed run of them. The
+// warps' folds meet in shared memory behind one barrier and are joined in
+// warp order. The association depends on the tile's position alone.
+template <typename Op>
+__device__ StateOf<Op> tile_prefix(const Op& op, const StateOf<Op>& tile_total,
+                                   FlaggedState<StateOf<Op>>* row_tiles,
+                                   FlaggedState<StateOf<Op>>* row_groups, int64_t tile,
+                                   int64_t groups) {
+  using State = StateOf<Op>;
+  static_assert(kGroupTiles == 32, "warp 0 reads a group's tiles, a lane each");
+  constexpr int kWarps = kScanBlock / 32;
+  __shared__ State warp_folds[kWarps];
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int64_t group = tile / kGroupTiles;
+  const int64_t group_first = group * kGroupTiles;
+  State v;
+  if (warp == 0) {
+    if (lane == 0) publish_flagged(row_tiles + tile, tile_total);
+    const int64_t earlier = tile - group_first;
+    v = op.identity();
+    if (lane < earlier) {
+      while (!try_read_flagged(row_tiles + group_first + lane, v)) {
+      }
+    }
+    v = fold_warp(op, v);
+    if (earlier == kGroupTiles - 1 && group + 1 < groups && lane == 0) {
+      publish_flagged(row_groups + group, op.combine(v, tile_total));
+    }
+  } else {
+    constexpr int kReaders = (kWarps - 1) * 32;
+    const int64_t per = (group + kReaders - 1) / kReaders;
+    const int64_t begin = int64_t(threadIdx.x - 32) * per;
+    const int64_t end = begin + per < group ? begin + per : group;
+    v = fold_published(op, row_groups, begin, end);
+    v = fold_warp(op, v);
+  }
+  if (lane == 0) warp_folds[warp] = v;
+  __syncthreads();
+  State prefix = op.identity();
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w) prefix = op.combine(prefix, warp_folds[w]);
+  return op.combine(prefix, warp_folds[0]);
 }
 
 // ---------------------------------------------------------------- column_tiles
