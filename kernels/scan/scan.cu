@@ -322,7 +322,6 @@ __global__ void __launch_bounds__(kColumnBlock)
 
 // ---------------------------------------------------------------- launch
 
-
 template <typename Op>
 KernelStatus launch(const Op& op, const ScanShape& s, bool reverse, void* workspace,
                     cudaStream_t stream) {

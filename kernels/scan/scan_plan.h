@@ -96,8 +96,10 @@ struct TileWorkspace {
 
 struct ScanPlan {
   ScanPath path = ScanPath::kEmpty;
-  int64_t tiles = 1;     // long_rows: tiles per row; column_tiles: along the axis
-  int64_t groups = 1;    // groups of kGroupTiles tiles (per row / along the axis)
+  // column_tiles: tiles along the axis, and their groups of kGroupTiles.
+  // (long_rows tiles depend on the op: its launcher counts them.)
+  int64_t tiles = 1;
+  int64_t groups = 1;
   int64_t column_blocks = 1;  // column_tiles: blocks of kColumnBlock columns
   int64_t strips_per_outer = 1;  // column_strips
   int64_t segments = 1;  // columns: pieces of the axis
@@ -113,9 +115,8 @@ inline ScanPlan plan_scan(const ScanShape& s) {
     // A few long rows would leave most SMs idle with one block per row.
     if (tiles >= 2 && s.outer * 4 < kTargetThreads / kScanBlock) {
       p.path = ScanPath::kLongRows;
-      p.tiles = tiles;
-      p.groups = (tiles + kGroupTiles - 1) / kGroupTiles;
-      p.workspace_bytes = kLongRowsCounterBytes + s.outer * (tiles + p.groups) * kFlaggedSlotBytes;
+      const int64_t groups = (tiles + kGroupTiles - 1) / kGroupTiles;
+      p.workspace_bytes = kLongRowsCounterBytes + s.outer * (tiles + groups) * kFlaggedSlotBytes;
     } else {
       p.path = ScanPath::kRows;
     }
