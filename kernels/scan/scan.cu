@@ -46,12 +46,14 @@ template <typename Op>
 __global__ void __launch_bounds__(kScanBlock, kRowsBlocksPerSm<Op>)
     rows_kernel(Op op, int64_t outer, int64_t len, bool reverse) {
   using State = StateOf<Op>;
+  using Total = TotalOf<Op>;
+  const TotalsOf<Op> totals = totals_of(op);
   __shared__ RowShared<Op> shared;
   for (int64_t row = blockIdx.x; row < outer; row += gridDim.x) {
     const Line line{row * len, 1, len, reverse};
     // `carry` (the same in every thread) chains the chunks of the row.
-    State carry = op.identity();
-    const auto prefix_of = [&](const State&) { return carry; };
+    Total carry = totals.identity();
+    const auto prefix_of = [&](const Total&) { return carry; };
     if constexpr (kMayGoDirect<Op>) {
       if (direct_runs_fit<kScanItems>(op, line)) {
         // Direct runs hold a thread's 16 bytes in 8 registers: the next
@@ -63,7 +65,7 @@ __global__ void __launch_bounds__(kScanBlock, kRowsBlocksPerSm<Op>)
         for (int64_t chunk = 0; chunk < len; chunk += kRowChunk) {
           const bool more = chunk + kRowChunk < len;
           if (more) load_direct(op, line, chunk + kRowChunk + lead, next);
-          carry = op.combine(carry, scan_blocked(op, cur, shared, prefix_of));
+          carry = totals.combine(carry, scan_blocked(op, cur, shared, prefix_of));
           store_direct(op, line, chunk + lead, cur);
           if (more) {
 #pragma unroll
@@ -74,7 +76,7 @@ __global__ void __launch_bounds__(kScanBlock, kRowsBlocksPerSm<Op>)
       }
     }
     for (int64_t chunk = 0; chunk < len; chunk += kRowChunk) {
-      carry = op.combine(carry, scan_chunk(op, line, chunk, shared, prefix_of));
+      carry = totals.combine(carry, scan_chunk(op, line, chunk, shared, prefix_of));
     }
   }
 }
@@ -105,22 +107,22 @@ struct ChunkStates {
 };
 
 template <typename Op>
-using ChunkStatesOf = ChunkStates<StateOf<Op>, kLongChunks<Op>>;
+using ChunkStatesOf = ChunkStates<TotalOf<Op>, kLongChunks<Op>>;
 
 template <typename Op>
 struct ChunkwiseCombine {
-  Op op;
+  TotalsOf<Op> totals;
   __device__ ChunkStatesOf<Op> operator()(const ChunkStatesOf<Op>& a,
                                           const ChunkStatesOf<Op>& b) const {
     ChunkStatesOf<Op> r;
 #pragma unroll
-    for (int c = 0; c < kLongChunks<Op>; ++c) r.chunk[c] = op.combine(a.chunk[c], b.chunk[c]);
+    for (int c = 0; c < kLongChunks<Op>; ++c) r.chunk[c] = totals.combine(a.chunk[c], b.chunk[c]);
     return r;
   }
 };
 
 template <typename Op>
-using TileScanOf = cub::BlockScan<ChunkStatesOf<Op>, kScanBlock, cub::BLOCK_SCAN_WARP_SCANS>;
+using TileScanOf = BlockTotalsScan<ChunkStatesOf<Op>>;
 
 template <typename Op>
 union LongRowsShared {
@@ -131,9 +133,10 @@ union LongRowsShared {
 template <typename Op>
 __global__ void __launch_bounds__(kScanBlock)
     long_rows_kernel(Op op, int64_t len, bool reverse, int64_t tiles, int64_t groups,
-                     LongRowsSlots<StateOf<Op>> ws) {
-  using State = StateOf<Op>;
+                     LongRowsSlots<TotalOf<Op>> ws) {
+  using Total = TotalOf<Op>;
   constexpr int kChunks = kLongChunks<Op>;
+  const TotalsOf<Op> totals = totals_of(op);
   __shared__ LongRowsShared<Op> shared;
   const int64_t ticket = take_ticket(ws.counter);
   const int64_t row = ticket / tiles;
@@ -145,26 +148,26 @@ __global__ void __launch_bounds__(kScanBlock)
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) load_chunk(op, line, first + c * kRowChunk, direct, r[c]);
 
-  ChunkStatesOf<Op> mine, before, totals, identity;
+  ChunkStatesOf<Op> mine, before, chunk_totals, identity;
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     arrange_chunk(direct, r[c], shared.rows);
     // Positions past the end hold the identity, so they may be folded in.
-    mine.chunk[c] = fold_run(op, r[c].blocked);
-    identity.chunk[c] = op.identity();
+    mine.chunk[c] = fold_run(op, r[c].blocked, r[c].memo);
+    identity.chunk[c] = totals.identity();
   }
-  TileScanOf<Op>(shared.tile_scan)
-      .ExclusiveScan(mine, before, identity, ChunkwiseCombine<Op>{op}, totals);
-  State tile_total = totals.chunk[0];
+  TileScanOf<Op>::exclusive(shared.tile_scan, mine, before, chunk_totals, identity,
+                            ChunkwiseCombine<Op>{totals});
+  Total tile_total = chunk_totals.chunk[0];
 #pragma unroll
-  for (int c = 1; c < kChunks; ++c) tile_total = op.combine(tile_total, totals.chunk[c]);
+  for (int c = 1; c < kChunks; ++c) tile_total = totals.combine(tile_total, chunk_totals.chunk[c]);
   // Its barrier also frees the block scan's shared memory for the stores.
-  State run = tile_prefix(op, tile_total, ws.tile_totals + row * tiles,
+  Total run = tile_prefix(totals, tile_total, ws.tile_totals + row * tiles,
                           ws.group_totals + row * groups, tile, groups);
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
-    scan_thread_run(op, op.combine(run, before.chunk[c]), r[c].blocked);
-    run = op.combine(run, totals.chunk[c]);
+    scan_thread_run(op, totals.combine(run, before.chunk[c]), r[c].blocked, r[c].memo);
+    run = totals.combine(run, chunk_totals.chunk[c]);
     store_chunk(op, line, first + c * kRowChunk, direct, r[c], shared.rows);
   }
 }
@@ -174,8 +177,8 @@ KernelStatus launch_long_rows(const Op& op, const ScanShape& s, bool reverse, vo
                               cudaStream_t stream) {
   const int64_t tiles = ceil_div(s.len, kLongTileLen<Op>);
   const int64_t groups = ceil_div(tiles, kGroupTiles);
-  const LongRowsSlots<StateOf<Op>> slots =
-      long_rows_slots<StateOf<Op>>(workspace, s.outer, tiles, groups);
+  const LongRowsSlots<TotalOf<Op>> slots =
+      long_rows_slots<TotalOf<Op>>(workspace, s.outer, tiles, groups);
   const KernelStatus st =
       to_status(cudaMemsetAsync(workspace, 0, static_cast<size_t>(slots.bytes), stream));
   if (!st.is_ok()) return st;

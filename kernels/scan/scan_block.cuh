@@ -5,7 +5,7 @@
 #pragma once
 
 #include <cub/block/block_exchange.cuh>
-#include <cub/block/block_scan.cuh>
+#include <cub/util_ptx.cuh>
 
 #include <cstdint>
 #include <cstring>
@@ -44,18 +44,57 @@ struct StoreReadsExclusive : std::false_type {};
 template <typename Op>
 struct StoreReadsExclusive<Op, std::enable_if_t<Op::kStoreReadsExclusive>> : std::true_type {};
 
-// Whether an op scans a thread's run itself (kRunScan: run_total(items) and
-// scan_run(prefix, items), scan_ops.h) rather than by one combine per element.
+// Whether an op scans a thread's run itself (kRunScan: run_total and
+// scan_run, scan_ops.h) rather than by one combine per element.
 template <typename Op, typename = void>
 struct HasRunScan : std::false_type {};
 template <typename Op>
 struct HasRunScan<Op, std::enable_if_t<Op::kRunScan>> : std::true_type {};
 
-// The join of a thread's run of items.
+// Runs' totals, and the combine that joins them across threads, warps,
+// blocks and tiles: the op's own states and combine, or for an op with a run
+// scan the ones it names (Op::TotalCombine, whose states its run_total
+// returns and its scan_run starts from). TotalsOf<Op> is an op in the sense
+// the engine's block-level parts want: State, identity() and combine().
+template <typename Op, typename = void>
+struct TotalsTrait {
+  using type = Op;
+  __device__ static Op of(const Op& op) { return op; }
+};
+template <typename Op>
+struct TotalsTrait<Op, std::enable_if_t<HasRunScan<Op>::value>> {
+  using type = typename Op::TotalCombine;
+  __device__ static type of(const Op&) { return type{}; }
+};
+template <typename Op>
+using TotalsOf = typename TotalsTrait<Op>::type;
+template <typename Op>
+using TotalOf = StateOf<TotalsOf<Op>>;
+template <typename Op>
+__device__ TotalsOf<Op> totals_of(const Op& op) {
+  return TotalsTrait<Op>::of(op);
+}
+
+// What fold_run learns of a run that scan_thread_run reuses: an op's
+// RunMemo where it has a run scan, nothing otherwise.
+struct NoMemo {};
+template <typename Op, typename = void>
+struct RunMemoTrait {
+  using type = NoMemo;
+};
+template <typename Op>
+struct RunMemoTrait<Op, std::enable_if_t<HasRunScan<Op>::value>> {
+  using type = typename Op::RunMemo;
+};
+template <typename Op>
+using RunMemoOf = typename RunMemoTrait<Op>::type;
+
+// The total of a thread's run of items. An op with a run scan may rewrite
+// the items for scan_thread_run (which then needs the same memo).
 template <typename Op, int N>
-__device__ StateOf<Op> fold_run(const Op& op, const StateOf<Op> (&items)[N]) {
+__device__ TotalOf<Op> fold_run(const Op& op, StateOf<Op> (&items)[N], RunMemoOf<Op>& memo) {
   if constexpr (HasRunScan<Op>::value) {
-    return op.run_total(items);
+    return op.run_total(items, memo);
   } else {
     StateOf<Op> total = op.identity();
 #pragma unroll
@@ -70,11 +109,51 @@ struct HasPlainIo : std::false_type {};
 template <typename Op>
 struct HasPlainIo<Op, std::enable_if_t<Op::kPlainIo>> : std::true_type {};
 
-// Warp scans joined by a scan of the warp totals: a fixed, order-preserving
-// association (the ops are associative, not commutative) with a short
-// critical path, which matters for the costlier combines (log-add-exp).
-template <typename Op>
-using BlockScanOf = cub::BlockScan<StateOf<Op>, kScanBlock, cub::BLOCK_SCAN_WARP_SCANS>;
+// An exclusive scan of one total per thread of a block, with the block's
+// total, in nine joins a thread: each warp scans its lanes (five), every
+// warp scans the eight warp totals as four logical warps of eight lanes
+// (three), and a thread joins its warp's prefix to its own (one). cub's
+// BLOCK_SCAN_WARP_SCANS folds every warp total in every thread, fourteen
+// joins in all, which the costly joins (scaled sums) feel. The association
+// is fixed (the ops are associative, not commutative). The caller syncs
+// before the shared memory is used again.
+template <typename T>
+struct BlockTotalsScan {
+  static constexpr int kWarps = kScanBlock / 32;
+  static_assert(kWarps == 8, "the warp totals fill logical warps of eight lanes");
+  struct TempStorage {
+    T warp_totals[kWarps];
+  };
+  template <typename Combine>
+  __device__ static void exclusive(TempStorage& tmp, const T& v, T& before, T& block_total,
+                                   const T& identity, Combine combine) {
+    const int lane = threadIdx.x % 32;
+    const int warp = threadIdx.x / 32;
+    T incl = v;
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const T up = cub::ShuffleUp<32>(incl, d, 0, 0xffffffffu);
+      if (lane >= d) incl = combine(up, incl);
+    }
+    if (lane == 31) tmp.warp_totals[warp] = incl;
+    T excl = cub::ShuffleUp<32>(incl, 1, 0, 0xffffffffu);
+    if (lane == 0) excl = identity;
+    __syncthreads();
+    const int slot = lane % kWarps;
+    T w = tmp.warp_totals[slot];
+#pragma unroll
+    for (int d = 1; d < kWarps; d *= 2) {
+      const T up = cub::ShuffleUp<kWarps>(w, d, 0, 0xffffffffu);
+      if (slot >= d) w = combine(up, w);
+    }
+    block_total = cub::ShuffleIndex<32>(w, kWarps - 1, 0xffffffffu);
+    if (warp == 0) {
+      before = excl;
+    } else {
+      before = combine(cub::ShuffleIndex<32>(w, warp - 1, 0xffffffffu), excl);
+    }
+  }
+};
 
 template <typename Op>
 struct CombineFn {
@@ -216,18 +295,19 @@ using RowExchangeOf = cub::BlockExchange<StateOf<Op>, kScanBlock, kScanItems>;
 
 template <typename Op>
 union RowShared {
-  typename BlockScanOf<Op>::TempStorage scan;
+  typename BlockTotalsScan<TotalOf<Op>>::TempStorage scan;
   typename RowExchangeOf<Op>::TempStorage exchange;
 };
 
-// Scans a thread's run of blocked states from `run`, everything before it:
-// leaves in `blocked` everything up to each element (or before it, for a store
-// that reads the exclusive state).
+// Scans a thread's run of blocked states (as fold_run left them) from `run`,
+// everything before it: leaves in `blocked` everything up to each element
+// (or before it, for a store that reads the exclusive state).
 template <typename Op, int N>
-__device__ void scan_thread_run(const Op& op, StateOf<Op> run, StateOf<Op> (&blocked)[N]) {
+__device__ void scan_thread_run(const Op& op, TotalOf<Op> run, StateOf<Op> (&blocked)[N],
+                                const RunMemoOf<Op>& memo) {
   if constexpr (HasRunScan<Op>::value) {
     static_assert(!StoreReadsExclusive<Op>::value, "a run scan gives inclusive states");
-    op.scan_run(run, blocked);
+    op.scan_run(run, blocked, memo);
   } else {
 #pragma unroll
     for (int k = 0; k < N; ++k) {
@@ -241,20 +321,22 @@ __device__ void scan_thread_run(const Op& op, StateOf<Op> run, StateOf<Op> (&blo
 // The block-wide part of a chunk scan: thread t holds kScanItems
 // consecutive elements (blocked). A block scan of the per-thread totals
 // gives each thread its prefix; `prefix_of(total)` is called by every thread
-// with the chunk's total and returns the state of everything before the
+// with the chunk's total and returns the total of everything before the
 // chunk. Leaves in `blocked` what scan_thread_run leaves. Returns the
 // chunk's total.
 template <typename Op, typename PrefixOf>
-__device__ StateOf<Op> scan_blocked(const Op& op, StateOf<Op> (&blocked)[kScanItems],
+__device__ TotalOf<Op> scan_blocked(const Op& op, StateOf<Op> (&blocked)[kScanItems],
                                     RowShared<Op>& shared, PrefixOf&& prefix_of) {
-  using State = StateOf<Op>;
+  using Total = TotalOf<Op>;
+  const TotalsOf<Op> totals = totals_of(op);
   // Positions past the end hold the identity, so they may be folded in.
-  const State total = fold_run(op, blocked);
-  State before, chunk_total;
-  BlockScanOf<Op>(shared.scan).ExclusiveScan(total, before, op.identity(), CombineFn<Op>{op},
-                                             chunk_total);
+  RunMemoOf<Op> memo;
+  const Total total = fold_run(op, blocked, memo);
+  Total before, chunk_total;
+  BlockTotalsScan<Total>::exclusive(shared.scan, total, before, chunk_total, totals.identity(),
+                                    CombineFn<TotalsOf<Op>>{totals});
   __syncthreads();
-  scan_thread_run(op, op.combine(prefix_of(chunk_total), before), blocked);
+  scan_thread_run(op, totals.combine(prefix_of(chunk_total), before), blocked, memo);
   return chunk_total;
 }
 
@@ -280,6 +362,7 @@ struct ChunkRegs {
   StateOf<Op> blocked[kScanItems];
   StateOf<Op> striped[kScanItems];
   AuxOf<Op> aux[kScanItems];
+  RunMemoOf<Op> memo;  // of the blocked run
 };
 
 // Memory is read and written striped (element k * kScanBlock + t by thread
@@ -355,13 +438,13 @@ __device__ void store_chunk(const Op& op, const Line& line, int64_t chunk, bool 
 // position `chunk` (scan_blocked; prefix_of as there). Returns the chunk's
 // total.
 template <typename Op, typename PrefixOf>
-__device__ StateOf<Op> scan_chunk(const Op& op, const Line& line, int64_t chunk,
+__device__ TotalOf<Op> scan_chunk(const Op& op, const Line& line, int64_t chunk,
                                   RowShared<Op>& shared, PrefixOf&& prefix_of) {
   const bool direct = chunks_go_direct(op, line);
   ChunkRegs<Op> r;
   load_chunk(op, line, chunk, direct, r);
   arrange_chunk(direct, r, shared);
-  const StateOf<Op> chunk_total = scan_blocked(op, r.blocked, shared, prefix_of);
+  const TotalOf<Op> chunk_total = scan_blocked(op, r.blocked, shared, prefix_of);
   store_chunk(op, line, chunk, direct, r, shared);
   return chunk_total;
 }

@@ -262,16 +262,29 @@ struct PlainForward : Combine<Acc>, PlainIo<T, Acc> {
 // place of N log_add_exp joins (kRunScan). When the run is tame -- every
 // element finite, all within 64 of the run's largest hi -- the weights
 // w_k = exp(x_k - hi) neither overflow nor underflow, and with S_k their
-// running sum, everything before the run P and top = max(P, hi):
-//   y_k = top + log(exp(P - top) + exp(hi - top) S_k),
+// running sum and everything before the run the scaled sum (m, s) with
+// top = max(m, hi):
+//   y_k = top + log(s exp(m - top) + exp(hi - top) S_k),
 // an exp and a log per element where log_add_exp costs an exp, a division
 // and a series. Other runs (inf, NaN, wide spans) take the joins. Which way
 // a run goes depends on its data alone, so results stay bit-reproducible.
+//
+// The runs' totals are joined (across threads, warps, blocks and tiles) as
+// scaled sums (TotalCombine): a join costs one exp where log_add_exp costs
+// an exp and a log1p, and a tame run's total is (hi, S_N) with no log at
+// all. run_total leaves the weights in place of the elements and what
+// scan_run needs of the run in a RunMemo, so each element costs one exp.
 template <typename T, typename Acc>
 struct LogcumsumexpForward : LogAddExpCombine<Acc>, PlainIo<T, Acc> {
   using State = Acc;
   using Storage = T;
   static constexpr bool kRunScan = true;
+  using TotalCombine = ScaledSumCombine<Acc>;
+  using Total = ScaledSum<Acc>;
+  struct RunMemo {
+    Acc hi;     // the run's largest element
+    bool tame;  // the elements were replaced by their weights
+  };
 
   template <int N>
   BHD static bool tame(const Acc (&x)[N], Acc& hi) {
@@ -285,33 +298,48 @@ struct LogcumsumexpForward : LogAddExpCombine<Acc>, PlainIo<T, Acc> {
     }
     return finite && hi - lo <= Acc(64);
   }
-  // The join of the whole run.
+  // A log-domain value as a total, and back. A total's s is at least 1
+  // unless it is the empty run (m = -inf, s = 0), so m + log(s) is -inf,
+  // +inf and NaN where m is.
+  BHD static Total lift(Acc v) { return {v, v == neg_inf<Acc>() ? Acc(0) : Acc(1)}; }
+  BHD static Acc lower(const Total& t) {
+    return is_finite(t.m) ? t.m + log_of(t.s) : t.m;
+  }
+  // The total of the whole run; a tame run's elements become their weights.
   template <int N>
-  BHD Acc run_total(const Acc (&x)[N]) const {
-    Acc hi;
-    if (!tame(x, hi)) {
+  BHD Total run_total(Acc (&x)[N], RunMemo& memo) const {
+    memo.tame = tame(x, memo.hi);
+    if (!memo.tame) {
       Acc t = this->identity();
       for (int k = 0; k < N; ++k) t = this->combine(t, x[k]);
-      return t;
+      return lift(t);
     }
-    Acc s = Acc(0);
-    for (int k = 0; k < N; ++k) s += exp_nonpositive(x[k] - hi);
-    return hi + log_of(s);
-  }
-  // x[k] becomes the join of `prefix` and x[0..k].
-  template <int N>
-  BHD void scan_run(Acc prefix, Acc (&x)[N]) const {
-    Acc hi;
-    if (!tame(x, hi) || !(prefix == neg_inf<Acc>() || is_finite(prefix))) {
-      for (int k = 0; k < N; ++k) x[k] = prefix = this->combine(prefix, x[k]);
-      return;
-    }
-    const Acc top = prefix > hi ? prefix : hi;
-    const Acc a = exp_nonpositive(prefix - top);
-    const Acc b = exp_nonpositive(hi - top);
     Acc s = Acc(0);
     for (int k = 0; k < N; ++k) {
-      s += exp_nonpositive(x[k] - hi);
+      x[k] = exp_nonpositive(x[k] - memo.hi);
+      s += x[k];
+    }
+    return {memo.hi, s};
+  }
+  // x[k] becomes the join of `prefix` and the run's elements up to k.
+  template <int N>
+  BHD void scan_run(const Total& prefix, Acc (&x)[N], const RunMemo& memo) const {
+    if (!memo.tame) {
+      Acc p = lower(prefix);
+      for (int k = 0; k < N; ++k) x[k] = p = this->combine(p, x[k]);
+      return;
+    }
+    // +inf and NaN absorb every finite element.
+    if (!(prefix.m == neg_inf<Acc>() || is_finite(prefix.m))) {
+      for (int k = 0; k < N; ++k) x[k] = prefix.m;
+      return;
+    }
+    const Acc top = prefix.m > memo.hi ? prefix.m : memo.hi;
+    const Acc a = prefix.s * exp_nonpositive(prefix.m - top);
+    const Acc b = exp_nonpositive(memo.hi - top);
+    Acc s = Acc(0);
+    for (int k = 0; k < N; ++k) {
+      s += x[k];
       x[k] = top + log_of(a + b * s);
     }
   }

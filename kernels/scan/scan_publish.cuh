@@ -4,6 +4,8 @@
 // flag, long_rows one state at a time in flagged words. No torch headers.
 #pragma once
 
+#include <cub/warp/warp_scan.cuh>
+
 #include <cstdint>
 
 #include "scan/scan_block.cuh"

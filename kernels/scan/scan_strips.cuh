@@ -53,27 +53,30 @@ constexpr int kStripBlocksPerSm =
     sizeof(typename Op::Storage) <= 2 && sizeof(StateOf<Op>) > 4 ? 1 : 2;
 
 // One step of a strip, for one column of a thread: the thread has its K
-// positions of the step in `cur` (identity past p_end) and each warp's total
-// of them is in totals[warp][column] (a barrier after they were written).
-// Folds the warps' totals in warp order from `carry` (which becomes the
-// carry of the next step) and stores its positions from `first`.
+// positions of the step in `cur` (identity past p_end; as fold_run left them,
+// with `memo`) and each warp's total of them is in totals[warp][column] (a
+// barrier after they were written). Folds the warps' totals in warp order
+// from `carry` (which becomes the carry of the next step) and stores its
+// positions from `first`.
 template <typename Op, int K, int kWarps, int kWidth>
 __device__ void finish_strip_step(const Op& op, const Line& line, int64_t first, int64_t p_end,
                                   StateOf<Op> (&cur)[K], const AuxOf<Op> (&cur_aux)[K],
-                                  const StateOf<Op> (&totals)[kWarps][kWidth], int column,
-                                  StateOf<Op>& carry) {
+                                  const RunMemoOf<Op>& memo,
+                                  const TotalOf<Op> (&totals)[kWarps][kWidth], int column,
+                                  TotalOf<Op>& carry) {
   using State = StateOf<Op>;
+  const TotalsOf<Op> joins = totals_of(op);
   const int warp = threadIdx.x / 32;
-  State prefix = carry;
+  TotalOf<Op> prefix = carry;
 #pragma unroll
   for (int w = 0; w < kWarps; ++w) {
     if (w == warp) prefix = carry;
-    carry = op.combine(carry, totals[w][column]);
+    carry = joins.combine(carry, totals[w][column]);
   }
   if constexpr (HasRunScan<Op>::value) {
     // The run scan leaves the inclusive states in cur (the store reads
     // nothing else).
-    op.scan_run(prefix, cur);
+    op.scan_run(prefix, cur, memo);
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int64_t p = first + k;
@@ -105,11 +108,12 @@ template <typename Op>
 __global__ void __launch_bounds__(kStripBlock, kStripBlocksPerSm<Op>)
     column_strips_kernel(Op op, ScanShape s, bool reverse, int64_t strips_per_outer) {
   using State = StateOf<Op>;
+  using Total = TotalOf<Op>;
   using Aux = AuxOf<Op>;
   constexpr int K = kStripRows<Op>;
   constexpr int kWarps = kStripBlock / 32;
   constexpr int64_t kStepLen = int64_t{kWarps} * K;
-  __shared__ State totals[2][kWarps][kStripWidth];
+  __shared__ Total totals[2][kWarps][kStripWidth];
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
   const int64_t strips = s.outer * strips_per_outer;
@@ -124,15 +128,16 @@ __global__ void __launch_bounds__(kStripBlock, kStripBlocksPerSm<Op>)
     Aux cur_aux[K], next_aux[K];
     // The totals load_run returns are not used: only its loads stay.
     load_run(op, line, int64_t{warp} * K, p_end, cur, cur_aux);
-    State carry = op.identity();
+    Total carry = totals_of(op).identity();
     int buffer = 0;
     for (int64_t p0 = 0; p0 < s.len; p0 += kStepLen, buffer ^= 1) {
       const bool more = p0 + kStepLen < s.len;
       if (more) load_run(op, line, p0 + kStepLen + int64_t{warp} * K, p_end, next, next_aux);
-      totals[buffer][warp][lane] = fold_run(op, cur);
+      RunMemoOf<Op> memo;
+      totals[buffer][warp][lane] = fold_run(op, cur, memo);
       __syncthreads();
-      finish_strip_step(op, line, p0 + int64_t{warp} * K, p_end, cur, cur_aux, totals[buffer],
-                        lane, carry);
+      finish_strip_step(op, line, p0 + int64_t{warp} * K, p_end, cur, cur_aux, memo,
+                        totals[buffer], lane, carry);
       if (more) {
 #pragma unroll
         for (int k = 0; k < K; ++k) {
@@ -220,6 +225,7 @@ template <typename Op>
 __global__ void __launch_bounds__(kStripBlock, kLaneColumns<Op> == 2 ? 1 : 2)
     staged_strips_kernel(Op op, ScanShape s, bool reverse, int64_t strips_per_outer) {
   using State = StateOf<Op>;
+  using Total = TotalOf<Op>;
   using Aux = AuxOf<Op>;
   constexpr int K = kStagedRows<Op>;
   constexpr int C = kLaneColumns<Op>;
@@ -228,7 +234,7 @@ __global__ void __launch_bounds__(kStripBlock, kLaneColumns<Op> == 2 ? 1 : 2)
   constexpr int kWarps = kStripBlock / 32;
   constexpr int64_t kStepLen = int64_t{kWarps} * K;
   extern __shared__ uint4 staged[];
-  __shared__ State totals[2][kWarps][W];
+  __shared__ Total totals[2][kWarps][W];
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
   const int64_t strips = s.outer * strips_per_outer;
@@ -273,9 +279,9 @@ __global__ void __launch_bounds__(kStripBlock, kLaneColumns<Op> == 2 ? 1 : 2)
     };
 #pragma unroll
     for (int j = 0; j < S - 1; ++j) fetch(j);
-    State carry[C];
+    Total carry[C];
 #pragma unroll
-    for (int j = 0; j < C; ++j) carry[j] = op.identity();
+    for (int j = 0; j < C; ++j) carry[j] = totals_of(op).identity();
     for (int64_t step = 0; step < steps; ++step) {
       // The region refilled now was read by this warp at the step before.
       __syncwarp();
@@ -294,6 +300,7 @@ __global__ void __launch_bounds__(kStripBlock, kLaneColumns<Op> == 2 ? 1 : 2)
       const int64_t first = step * kStepLen + int64_t{warp} * K;
       State cur[C][K];
       Aux cur_aux[C][K];
+      RunMemoOf<Op> memo[C];
 #pragma unroll
       for (int j = 0; j < C; ++j) {
         const int column = j * 32 + lane;
@@ -308,7 +315,7 @@ __global__ void __launch_bounds__(kStripBlock, kLaneColumns<Op> == 2 ? 1 : 2)
             if constexpr (AuxTrait<Op>::kHas) cur_aux[j][k] = view.aux(k * W + column, l);
           }
         }
-        totals[step % 2][warp][column] = fold_run(op, cur[j]);
+        totals[step % 2][warp][column] = fold_run(op, cur[j], memo[j]);
       }
       __syncthreads();
 #pragma unroll
@@ -316,8 +323,8 @@ __global__ void __launch_bounds__(kStripBlock, kLaneColumns<Op> == 2 ? 1 : 2)
         const int column = j * 32 + lane;
         const int64_t p_end = column0 + column < s.inner ? s.len : 0;
         const Line line{outer_base + column0 + column, s.inner, s.len, reverse};
-        finish_strip_step(op, line, first, p_end, cur[j], cur_aux[j], totals[step % 2], column,
-                          carry[j]);
+        finish_strip_step(op, line, first, p_end, cur[j], cur_aux[j], memo[j], totals[step % 2],
+                          column, carry[j]);
       }
     }
     // The next strip's first totals reuse buffer 0, its first copies the
