@@ -53,7 +53,6 @@ __global__ void __launch_bounds__(kScanBlock, kRowsBlocksPerSm<Op>)
     const Line line{row * len, 1, len, reverse};
     // `carry` (the same in every thread) chains the chunks of the row.
     Total carry = totals.identity();
-    const auto prefix_of = [&](const Total&) { return carry; };
     if constexpr (kMayGoDirect<Op>) {
       if (direct_runs_fit<kScanItems>(op, line)) {
         // Direct runs hold a thread's 16 bytes in 8 registers: the next
@@ -65,7 +64,7 @@ __global__ void __launch_bounds__(kScanBlock, kRowsBlocksPerSm<Op>)
         for (int64_t chunk = 0; chunk < len; chunk += kRowChunk) {
           const bool more = chunk + kRowChunk < len;
           if (more) load_direct(op, line, chunk + kRowChunk + lead, next);
-          carry = totals.combine(carry, scan_blocked(op, cur, shared, prefix_of));
+          scan_blocked(op, cur, shared, carry);
           store_direct(op, line, chunk + lead, cur);
           if (more) {
 #pragma unroll
@@ -76,7 +75,7 @@ __global__ void __launch_bounds__(kScanBlock, kRowsBlocksPerSm<Op>)
       }
     }
     for (int64_t chunk = 0; chunk < len; chunk += kRowChunk) {
-      carry = totals.combine(carry, scan_chunk(op, line, chunk, shared, prefix_of));
+      scan_chunk(op, line, chunk, shared, carry);
     }
   }
 }
@@ -111,10 +110,16 @@ using ChunkStatesOf = ChunkStates<TotalOf<Op>, kLongChunks<Op>>;
 
 template <typename Op>
 struct ChunkwiseCombine {
+  using State = ChunkStatesOf<Op>;
   TotalsOf<Op> totals;
-  __device__ ChunkStatesOf<Op> operator()(const ChunkStatesOf<Op>& a,
-                                          const ChunkStatesOf<Op>& b) const {
-    ChunkStatesOf<Op> r;
+  __device__ State identity() const {
+    State r;
+#pragma unroll
+    for (int c = 0; c < kLongChunks<Op>; ++c) r.chunk[c] = totals.identity();
+    return r;
+  }
+  __device__ State combine(const State& a, const State& b) const {
+    State r;
 #pragma unroll
     for (int c = 0; c < kLongChunks<Op>; ++c) r.chunk[c] = totals.combine(a.chunk[c], b.chunk[c]);
     return r;
@@ -122,7 +127,7 @@ struct ChunkwiseCombine {
 };
 
 template <typename Op>
-using TileScanOf = BlockTotalsScan<ChunkStatesOf<Op>>;
+using TileScanOf = BlockTotalsScan<ChunkwiseCombine<Op>>;
 
 template <typename Op>
 union LongRowsShared {
@@ -130,8 +135,16 @@ union LongRowsShared {
   typename TileScanOf<Op>::TempStorage tile_scan;
 };
 
+// Blocks per SM a long_rows block is compiled for: three for logcumsumexp
+// forward, which left free took 100 registers and ran two; the others are
+// left free (0). Asked for even one block, the compiler takes more
+// registers: float32 cumsum 69 rather than 64, three blocks rather than four,
+// 6 % slower on [1, 16M].
 template <typename Op>
-__global__ void __launch_bounds__(kScanBlock)
+constexpr int kLongRowsBlocksPerSm = HasRunScan<Op>::value && sizeof(StateOf<Op>) <= 4 ? 3 : 0;
+
+template <typename Op>
+__global__ void __launch_bounds__(kScanBlock, kLongRowsBlocksPerSm<Op>)
     long_rows_kernel(Op op, int64_t len, bool reverse, int64_t tiles, int64_t groups,
                      LongRowsSlots<TotalOf<Op>> ws) {
   using Total = TotalOf<Op>;
@@ -148,16 +161,15 @@ __global__ void __launch_bounds__(kScanBlock)
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) load_chunk(op, line, first + c * kRowChunk, direct, r[c]);
 
-  ChunkStatesOf<Op> mine, before, chunk_totals, identity;
+  ChunkStatesOf<Op> mine, before, chunk_totals;
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     arrange_chunk(direct, r[c], shared.rows);
     // Positions past the end hold the identity, so they may be folded in.
     mine.chunk[c] = fold_run(op, r[c].blocked, r[c].memo);
-    identity.chunk[c] = totals.identity();
   }
-  TileScanOf<Op>::exclusive(shared.tile_scan, mine, before, chunk_totals, identity,
-                            ChunkwiseCombine<Op>{totals});
+  const ChunkwiseCombine<Op> chunkwise{totals};
+  TileScanOf<Op>::exclusive(shared.tile_scan, chunkwise, mine, before, chunk_totals);
   Total tile_total = chunk_totals.chunk[0];
 #pragma unroll
   for (int c = 1; c < kChunks; ++c) tile_total = totals.combine(tile_total, chunk_totals.chunk[c]);

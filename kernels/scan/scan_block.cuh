@@ -13,6 +13,7 @@
 
 #include "common/acc_convert.h"
 
+#include "scan/scan_ops.h"
 #include "scan/scan_plan.h"
 
 namespace baracuda {
@@ -109,49 +110,98 @@ struct HasPlainIo : std::false_type {};
 template <typename Op>
 struct HasPlainIo<Op, std::enable_if_t<Op::kPlainIo>> : std::true_type {};
 
-// An exclusive scan of one total per thread of a block, with the block's
-// total, in nine joins a thread: each warp scans its lanes (five), every
-// warp scans the eight warp totals as four logical warps of eight lanes
-// (three), and a thread joins its warp's prefix to its own (one). cub's
+// An inclusive scan of the kWidth lanes of each logical warp by something
+// cheaper than joins, where that applies; false, in every lane, where it
+// does not (the caller joins). Scaled sums (scan_ops.h): against the
+// largest exponent M of the logical warp, where every lane's m is finite and
+// within 64 of it, each lane's s exp(m - M) is a plain float, neither
+// overflowing nor lost to underflow, and the scan is a running sum -- for a
+// whole warp about 40 instructions where five joins cost 130.
+template <int kWidth, typename T>
+__device__ bool warp_scan_by_reference(T&) {
+  return false;
+}
+template <int kWidth>
+__device__ bool warp_scan_by_reference(ScaledSum<float>& v) {
+  constexpr unsigned kAll = 0xffffffffu;
+  float top = v.m;
+#pragma unroll
+  for (int d = kWidth / 2; d >= 1; d /= 2) top = fmaxf(top, __shfl_xor_sync(kAll, top, d));
+  if (!__all_sync(kAll, is_finite(v.m) && v.m >= top - 64.f)) return false;
+  const int slot = threadIdx.x % kWidth;
+  float sum = v.s * exp_nonpositive(v.m - top);
+#pragma unroll
+  for (int d = 1; d < kWidth; d *= 2) {
+    const float up = __shfl_up_sync(kAll, sum, d, kWidth);
+    if (slot >= d) sum += up;
+  }
+  v = {top, sum};
+  return true;
+}
+
+// An exclusive scan of one total per thread of a block, after `lead`, with
+// the block's total (lead included), in at most ten joins a thread: each
+// warp scans its lanes (five), every warp scans lead and the eight warp
+// totals as four logical warps of eight lanes (four), and a thread joins
+// its warp's prefix to its own (one); the two scans go by
+// warp_scan_by_reference where they can. cub's
 // BLOCK_SCAN_WARP_SCANS folds every warp total in every thread, fourteen
-// joins in all, which the costly joins (scaled sums) feel. The association
-// is fixed (the ops are associative, not commutative). The caller syncs
-// before the shared memory is used again.
-template <typename T>
+// joins, which the costly joins (scaled sums, extremes) feel. Totals is an
+// op in the engine's sense (State, identity, combine). The association is
+// fixed (the ops are associative, not commutative). The caller syncs before
+// the shared memory is used again.
+template <typename Totals>
 struct BlockTotalsScan {
+  using T = StateOf<Totals>;
   static constexpr int kWarps = kScanBlock / 32;
   static_assert(kWarps == 8, "the warp totals fill logical warps of eight lanes");
   struct TempStorage {
     T warp_totals[kWarps];
   };
-  template <typename Combine>
-  __device__ static void exclusive(TempStorage& tmp, const T& v, T& before, T& block_total,
-                                   const T& identity, Combine combine) {
+  // Without `lead` (the identity), and one join fewer.
+  __device__ static void exclusive(TempStorage& tmp, const Totals& totals, const T& v, T& before,
+                                   T& block_total) {
+    scan<false>(tmp, totals, v, totals.identity(), before, block_total);
+  }
+  __device__ static void exclusive(TempStorage& tmp, const Totals& totals, const T& v, T lead,
+                                   T& before, T& block_total) {
+    scan<true>(tmp, totals, v, lead, before, block_total);
+  }
+
+ private:
+  template <bool kLead>
+  __device__ static void scan(TempStorage& tmp, const Totals& totals, const T& v, T lead,
+                              T& before, T& block_total) {
     const int lane = threadIdx.x % 32;
     const int warp = threadIdx.x / 32;
     T incl = v;
+    if (!warp_scan_by_reference<32>(incl)) {
 #pragma unroll
-    for (int d = 1; d < 32; d *= 2) {
-      const T up = cub::ShuffleUp<32>(incl, d, 0, 0xffffffffu);
-      if (lane >= d) incl = combine(up, incl);
+      for (int d = 1; d < 32; d *= 2) {
+        const T up = cub::ShuffleUp<32>(incl, d, 0, 0xffffffffu);
+        if (lane >= d) incl = totals.combine(up, incl);
+      }
     }
     if (lane == 31) tmp.warp_totals[warp] = incl;
     T excl = cub::ShuffleUp<32>(incl, 1, 0, 0xffffffffu);
-    if (lane == 0) excl = identity;
+    if (lane == 0) excl = totals.identity();
     __syncthreads();
     const int slot = lane % kWarps;
     T w = tmp.warp_totals[slot];
+    if (kLead && slot == 0) w = totals.combine(lead, w);
+    if (!warp_scan_by_reference<kWarps>(w)) {
 #pragma unroll
-    for (int d = 1; d < kWarps; d *= 2) {
-      const T up = cub::ShuffleUp<kWarps>(w, d, 0, 0xffffffffu);
-      if (slot >= d) w = combine(up, w);
+      for (int d = 1; d < kWarps; d *= 2) {
+        const T up = cub::ShuffleUp<kWarps>(w, d, 0, 0xffffffffu);
+        if (slot >= d) w = totals.combine(up, w);
+      }
+    }
+    if (warp == 0) {
+      before = kLead ? totals.combine(lead, excl) : excl;
+    } else {
+      before = totals.combine(cub::ShuffleIndex<32>(w, warp - 1, 0xffffffffu), excl);
     }
     block_total = cub::ShuffleIndex<32>(w, kWarps - 1, 0xffffffffu);
-    if (warp == 0) {
-      before = excl;
-    } else {
-      before = combine(cub::ShuffleIndex<32>(w, warp - 1, 0xffffffffu), excl);
-    }
   }
 };
 
@@ -295,7 +345,7 @@ using RowExchangeOf = cub::BlockExchange<StateOf<Op>, kScanBlock, kScanItems>;
 
 template <typename Op>
 union RowShared {
-  typename BlockTotalsScan<TotalOf<Op>>::TempStorage scan;
+  typename BlockTotalsScan<TotalsOf<Op>>::TempStorage scan;
   typename RowExchangeOf<Op>::TempStorage exchange;
 };
 
@@ -320,24 +370,21 @@ __device__ void scan_thread_run(const Op& op, TotalOf<Op> run, StateOf<Op> (&blo
 
 // The block-wide part of a chunk scan: thread t holds kScanItems
 // consecutive elements (blocked). A block scan of the per-thread totals
-// gives each thread its prefix; `prefix_of(total)` is called by every thread
-// with the chunk's total and returns the total of everything before the
-// chunk. Leaves in `blocked` what scan_thread_run leaves. Returns the
-// chunk's total.
-template <typename Op, typename PrefixOf>
-__device__ TotalOf<Op> scan_blocked(const Op& op, StateOf<Op> (&blocked)[kScanItems],
-                                    RowShared<Op>& shared, PrefixOf&& prefix_of) {
+// after `carry`, the total of everything before the chunk, gives each thread
+// its prefix; carry becomes the total up to the chunk's end. Leaves in
+// `blocked` what scan_thread_run leaves.
+template <typename Op>
+__device__ void scan_blocked(const Op& op, StateOf<Op> (&blocked)[kScanItems],
+                             RowShared<Op>& shared, TotalOf<Op>& carry) {
   using Total = TotalOf<Op>;
-  const TotalsOf<Op> totals = totals_of(op);
   // Positions past the end hold the identity, so they may be folded in.
   RunMemoOf<Op> memo;
   const Total total = fold_run(op, blocked, memo);
-  Total before, chunk_total;
-  BlockTotalsScan<Total>::exclusive(shared.scan, total, before, chunk_total, totals.identity(),
-                                    CombineFn<TotalsOf<Op>>{totals});
+  Total before;
+  BlockTotalsScan<TotalsOf<Op>>::exclusive(shared.scan, totals_of(op), total, carry, before,
+                                           carry);
   __syncthreads();
-  scan_thread_run(op, totals.combine(prefix_of(chunk_total), before), blocked, memo);
-  return chunk_total;
+  scan_thread_run(op, before, blocked, memo);
 }
 
 // Whether scan_chunk may move an op's runs directly (kDirectRuns).
@@ -435,18 +482,16 @@ __device__ void store_chunk(const Op& op, const Line& line, int64_t chunk, bool 
 }
 
 // One block scans kRowChunk elements of a row (inner == 1) from scan
-// position `chunk` (scan_blocked; prefix_of as there). Returns the chunk's
-// total.
-template <typename Op, typename PrefixOf>
-__device__ TotalOf<Op> scan_chunk(const Op& op, const Line& line, int64_t chunk,
-                                  RowShared<Op>& shared, PrefixOf&& prefix_of) {
+// position `chunk` (scan_blocked; carry as there).
+template <typename Op>
+__device__ void scan_chunk(const Op& op, const Line& line, int64_t chunk, RowShared<Op>& shared,
+                           TotalOf<Op>& carry) {
   const bool direct = chunks_go_direct(op, line);
   ChunkRegs<Op> r;
   load_chunk(op, line, chunk, direct, r);
   arrange_chunk(direct, r, shared);
-  const TotalOf<Op> chunk_total = scan_blocked(op, r.blocked, shared, prefix_of);
+  scan_blocked(op, r.blocked, shared, carry);
   store_chunk(op, line, chunk, direct, r, shared);
-  return chunk_total;
 }
 
 }  // namespace scan

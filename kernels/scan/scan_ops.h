@@ -286,17 +286,20 @@ struct LogcumsumexpForward : LogAddExpCombine<Acc>, PlainIo<T, Acc> {
     bool tame;  // the elements were replaced by their weights
   };
 
+  // fmax and fmin pass over NaN, which the sum catches, as it does
+  // infinities (which also fail the span test). A finite run whose sum
+  // overflows counts as wild: it takes the joins.
   template <int N>
   BHD static bool tame(const Acc (&x)[N], Acc& hi) {
     hi = x[0];
     Acc lo = x[0];
-    bool finite = true;
+    Acc sum = Acc(0);
     for (int k = 0; k < N; ++k) {
-      finite = finite && is_finite(x[k]);
-      hi = x[k] > hi ? x[k] : hi;
-      lo = x[k] < lo ? x[k] : lo;
+      hi = fmax(hi, x[k]);
+      lo = fmin(lo, x[k]);
+      sum += x[k];
     }
-    return finite && hi - lo <= Acc(64);
+    return is_finite(sum) && hi - lo <= Acc(64);
   }
   // A log-domain value as a total, and back. A total's s is at least 1
   // unless it is the empty run (m = -inf, s = 0), so m + log(s) is -inf,
