@@ -358,6 +358,42 @@ def test_logcumsumexp_neg_inf_prefix_and_large_magnitudes(device):
     assert (g == 0).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("shape,dim,path", ONE_PER_PATH, ids=lambda v: str(v))
+def test_logcumsumexp_wide_spans_and_neg_inf_stretches(device, dtype, shape, dim, path, rng):
+    # On CUDA a thread's run, and a warp's run totals, are scanned against
+    # their largest value where all are finite and within 64 of it, and by
+    # joins otherwise. A steep trend makes short runs tame and their totals
+    # wild; wide noise makes runs wild; stretches of -inf (the first one an
+    # all -inf prefix) send runs and totals to the joins.
+    n = shape[dim]
+    pos = torch.arange(n, dtype=torch.float64).reshape([n if d == dim % len(shape) else 1
+                                                        for d in range(len(shape))])
+    noise = torch.randn(shape, generator=rng, dtype=torch.float64)
+    inputs = {"trend": (pos % 1000) + noise, "wide": 40.0 * noise,
+              "neg_inf": torch.where((pos // 300) % 2 == 0, -INF, noise)}
+    for kind, x in inputs.items():
+        x = x.to(dtype).to(device)
+        dy = torch.randn(shape, generator=rng).to(dtype).to(device)
+        for reverse in (False, True):
+            check("logcumsumexp", x, dim, reverse)
+            got = our_grad("logcumsumexp", x, dim, reverse, dy)
+            assert torch.isfinite(got).all(), kind
+            if kind == "neg_inf":
+                # torch's own gradient is NaN at -inf inputs; ours is 0.
+                assert (got[torch.isneginf(x)] == 0).all()
+                continue
+            ref = reference_grad("logcumsumexp", x, dim, reverse, dy)
+            # The gradient goes through y stored in dtype, off by ~eps |y|.
+            # torch's float64 reference sums positive and negative parts
+            # apart, each in the log domain: it drifts by up to ~eps |x| n.
+            big = x.abs().max().item()
+            slack = 8 * torch.finfo(dtype).eps * big + 4 * torch.finfo(torch.float64).eps * big * n
+            t = tol(dtype, n)
+            torch.testing.assert_close(got.double().cpu(), ref.cpu(), atol=t["atol"] + slack,
+                                       rtol=t["rtol"] + slack)
+
+
 @pytest.mark.parametrize("name", EXTREME)
 def test_extreme_backward_goes_to_forward_index(device, name, rng):
     x = torch.tensor([[1.0, 3.0, 3.0, NAN, 5.0, NAN], [2.0, 2.0, 2.0, 1.0, 4.0, 4.0]],

@@ -429,10 +429,72 @@ struct CumprodBackward : AffineCombine<Acc>, GradWithSaved<T> {
 // For j >= i, y_j >= x_i, so exp(x_i + m) <= 1: nothing overflows that dx_i
 // does not. Terms with y_j = -inf (or dy_j = 0) drop out and x_i = -inf gives
 // 0, so all -inf prefixes and magnitudes like 1e4 give finite gradients.
+//
+// A thread's own run scans by reference (kRunScan) where it is tame -- every
+// exponent finite and within 64 of the run's largest, hi: each term's
+// s exp(m - hi) is then a plain float and the run is a running sum S_k, and
+// with everything before the run (m, s) and top = max(m, hi), the state up
+// to element k is (top, s exp(m - top) + exp(hi - top) S_k): an exp per
+// element where a join costs an exp and its tests. Other runs take the joins.
 template <typename T, typename Acc>
 struct LogcumsumexpBackward : ScaledSumCombine<Acc>, GradWithSaved<T> {
   using State = ScaledSum<Acc>;
   using Storage = T;
+  static constexpr bool kRunScan = true;
+  using TotalCombine = ScaledSumCombine<Acc>;
+  struct RunMemo {
+    Acc hi;     // the run's largest exponent
+    bool tame;  // the terms were replaced by their weights against hi
+  };
+  // The total of the whole run; a tame run's terms s become s exp(m - hi).
+  template <int N>
+  BHD State run_total(State (&x)[N], RunMemo& memo) const {
+    Acc lo = x[0].m, sum = Acc(0);
+    memo.hi = x[0].m;
+    for (int k = 0; k < N; ++k) {
+      memo.hi = fmax(memo.hi, x[k].m);
+      lo = fmin(lo, x[k].m);
+      sum += x[k].m;
+    }
+    // The sum catches NaN and infinities, -inf (a dropped term) included.
+    memo.tame = is_finite(sum) && memo.hi - lo <= Acc(64);
+    if (!memo.tame) {
+      State t = this->identity();
+      for (int k = 0; k < N; ++k) t = this->combine(t, x[k]);
+      return t;
+    }
+    Acc total = Acc(0);
+    for (int k = 0; k < N; ++k) {
+      x[k].s *= exp_nonpositive(x[k].m - memo.hi);
+      total += x[k].s;
+    }
+    return {memo.hi, total};
+  }
+  // x[k] becomes the join of `prefix` and the run's terms up to k.
+  template <int N>
+  BHD void scan_run(const State& prefix, State (&x)[N], const RunMemo& memo) const {
+    if (!memo.tame) {
+      State p = prefix;
+      for (int k = 0; k < N; ++k) x[k] = p = this->combine(p, x[k]);
+      return;
+    }
+    Acc run = Acc(0);
+    if (!(prefix.m == neg_inf<Acc>() || is_finite(prefix.m))) {
+      // +inf or NaN before the run: the joins, from the running sums.
+      for (int k = 0; k < N; ++k) {
+        run += x[k].s;
+        x[k] = this->combine(prefix, State{memo.hi, run});
+      }
+      return;
+    }
+    const Acc top = prefix.m > memo.hi ? prefix.m : memo.hi;
+    const Acc a = prefix.s * exp_nonpositive(prefix.m - top);
+    const Acc b = exp_nonpositive(memo.hi - top);
+    for (int k = 0; k < N; ++k) {
+      run += x[k].s;
+      x[k] = {top, a + b * run};
+    }
+  }
   using GradWithSaved<T>::dy;
   using GradWithSaved<T>::x;
   using GradWithSaved<T>::y;

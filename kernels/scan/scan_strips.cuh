@@ -75,14 +75,19 @@ __device__ void finish_strip_step(const Op& op, const Line& line, int64_t first,
   }
   if constexpr (HasRunScan<Op>::value) {
     // The run scan leaves the inclusive states in cur (the store reads
-    // nothing else).
+    // nothing else but its aux).
     op.scan_run(prefix, cur, memo);
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int64_t p = first + k;
       if (p < p_end) {
         const int64_t l = line.position(p);
-        op.store(line.base + l * line.stride, l, op.identity(), cur[k]);
+        const int64_t off = line.base + l * line.stride;
+        if constexpr (AuxTrait<Op>::kHas) {
+          op.store_with(off, l, op.identity(), cur[k], cur_aux[k]);
+        } else {
+          op.store(off, l, op.identity(), cur[k]);
+        }
       }
     }
   } else {
