@@ -73,36 +73,30 @@ __device__ void finish_strip_step(const Op& op, const Line& line, int64_t first,
     if (w == warp) prefix = carry;
     carry = joins.combine(carry, totals[w][column]);
   }
+  // Stores position k of the step, with what the store reads besides the
+  // states.
+  const auto store = [&](int k, const State& excl, const State& incl) {
+    const int64_t l = line.position(first + k);
+    const int64_t off = line.base + l * line.stride;
+    if constexpr (AuxTrait<Op>::kHas) {
+      op.store_with(off, l, excl, incl, cur_aux[k]);
+    } else {
+      op.store(off, l, excl, incl);
+    }
+  };
   if constexpr (HasRunScan<Op>::value) {
-    // The run scan leaves the inclusive states in cur (the store reads
-    // nothing else but its aux).
+    // The run scan leaves the inclusive states in cur.
     op.scan_run(prefix, cur, memo);
 #pragma unroll
     for (int k = 0; k < K; ++k) {
-      const int64_t p = first + k;
-      if (p < p_end) {
-        const int64_t l = line.position(p);
-        const int64_t off = line.base + l * line.stride;
-        if constexpr (AuxTrait<Op>::kHas) {
-          op.store_with(off, l, op.identity(), cur[k], cur_aux[k]);
-        } else {
-          op.store(off, l, op.identity(), cur[k]);
-        }
-      }
+      if (first + k < p_end) store(k, op.identity(), cur[k]);
     }
   } else {
 #pragma unroll
     for (int k = 0; k < K; ++k) {
-      const int64_t p = first + k;
-      if (p < p_end) {
-        const int64_t l = line.position(p);
-        const int64_t off = line.base + l * line.stride;
+      if (first + k < p_end) {
         const State incl = op.combine(prefix, cur[k]);
-        if constexpr (AuxTrait<Op>::kHas) {
-          op.store_with(off, l, prefix, incl, cur_aux[k]);
-        } else {
-          op.store(off, l, prefix, incl);
-        }
+        store(k, prefix, incl);
         prefix = incl;
       }
     }
