@@ -37,20 +37,19 @@ struct AuxTrait<Op, std::void_t<typename Op::Aux>> {
 template <typename Op>
 using AuxOf = typename AuxTrait<Op>::type;
 
-// Whether an op's store reads the exclusive state (cumprod backward does);
-// for the others the rows engine hands the identity in its place and skips
-// one combine per element, which the costly combines (log-add-exp) feel.
-template <typename Op, typename = void>
-struct StoreReadsExclusive : std::false_type {};
-template <typename Op>
-struct StoreReadsExclusive<Op, std::enable_if_t<Op::kStoreReadsExclusive>> : std::true_type {};
-
 // Whether an op scans a thread's run itself (kRunScan: run_total and
 // scan_run, scan_ops.h) rather than by one combine per element.
 template <typename Op, typename = void>
 struct HasRunScan : std::false_type {};
 template <typename Op>
 struct HasRunScan<Op, std::enable_if_t<Op::kRunScan>> : std::true_type {};
+
+// Whether an op also reads its inputs at the scan positions next to its own
+// (kReadsNeighbors, scan_ops.h; cumprod backward).
+template <typename Op, typename = void>
+struct ReadsNeighbors : std::false_type {};
+template <typename Op>
+struct ReadsNeighbors<Op, std::enable_if_t<Op::kReadsNeighbors>> : std::true_type {};
 
 // Runs' totals, and the combine that joins them across threads, warps,
 // blocks and tiles: the op's own states and combine, or for an op with a run
@@ -256,9 +255,8 @@ __device__ StateOf<Op> store_run(const Op& op, const Line& line, int64_t first, 
     const int64_t p = first + k;
     if (p < p_end) {
       const int64_t l = line.position(p);
-      const StateOf<Op> incl = op.combine(run, items[k]);
-      op.store(line.base + l * line.stride, l, run, incl);
-      run = incl;
+      run = op.combine(run, items[k]);
+      op.store(line.base + l * line.stride, l, run);
     }
   }
   return run;
@@ -333,7 +331,7 @@ __device__ void store_direct(const Op& op, const Line& line, int64_t first,
     const int64_t p = first + k;
     if (p < line.len) {
       const int64_t l = line.position(p);
-      op.store(line.base + l, l, op.identity(), incl[k]);
+      op.store(line.base + l, l, incl[k]);
     }
   }
 }
@@ -350,21 +348,15 @@ union RowShared {
 };
 
 // Scans a thread's run of blocked states (as fold_run left them) from `run`,
-// everything before it: leaves in `blocked` everything up to each element
-// (or before it, for a store that reads the exclusive state).
+// everything before it: leaves in `blocked` everything up to each element.
 template <typename Op, int N>
 __device__ void scan_thread_run(const Op& op, TotalOf<Op> run, StateOf<Op> (&blocked)[N],
                                 const RunMemoOf<Op>& memo) {
   if constexpr (HasRunScan<Op>::value) {
-    static_assert(!StoreReadsExclusive<Op>::value, "a run scan gives inclusive states");
     op.scan_run(run, blocked, memo);
   } else {
 #pragma unroll
-    for (int k = 0; k < N; ++k) {
-      const StateOf<Op> next = op.combine(run, blocked[k]);
-      blocked[k] = StoreReadsExclusive<Op>::value ? run : next;
-      run = next;
-    }
+    for (int k = 0; k < N; ++k) blocked[k] = run = op.combine(run, blocked[k]);
   }
 }
 
@@ -454,10 +446,7 @@ __device__ void arrange_chunk(bool direct, ChunkRegs<Op>& r, RowShared<Op>& shar
 template <typename Op>
 __device__ void store_chunk(const Op& op, const Line& line, int64_t chunk, bool direct,
                             ChunkRegs<Op>& r, RowShared<Op>& shared) {
-  using State = StateOf<Op>;
-  constexpr bool kExclusive = StoreReadsExclusive<Op>::value;
   if constexpr (kMayGoDirect<Op>) {
-    static_assert(!kExclusive, "direct runs store incl alone");
     if (direct) {
       store_direct(op, line, chunk + int64_t{threadIdx.x} * kScanItems, r.blocked);
       return;
@@ -470,12 +459,10 @@ __device__ void store_chunk(const Op& op, const Line& line, int64_t chunk, bool 
     const int64_t p = chunk + int64_t(k) * kScanBlock + threadIdx.x;
     if (p < line.len) {
       const int64_t l = line.position(p);
-      const State excl = kExclusive ? r.blocked[k] : op.identity();
-      const State incl = kExclusive ? op.combine(r.blocked[k], r.striped[k]) : r.blocked[k];
       if constexpr (AuxTrait<Op>::kHas) {
-        op.store_with(line.base + l, l, excl, incl, r.aux[k]);
+        op.store_with(line.base + l, l, r.blocked[k], r.aux[k]);
       } else {
-        op.store(line.base + l, l, excl, incl);
+        op.store(line.base + l, l, r.blocked[k]);
       }
     }
   }

@@ -20,9 +20,8 @@ void scan_lines(const Op& op, const ScanShape& s, bool reverse) {
       const int64_t l = reverse ? s.len - 1 - p : p;
       const int64_t base = (o * s.len + l) * s.inner;
       for (int64_t i = 0; i < s.inner; ++i) {
-        const State incl = op.combine(carry[i], op.load(base + i, l));
-        op.store(base + i, l, carry[i], incl);
-        carry[i] = incl;
+        carry[i] = op.combine(carry[i], op.load(base + i, l));
+        op.store(base + i, l, carry[i]);
       }
     }
   }

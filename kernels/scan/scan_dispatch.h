@@ -66,7 +66,9 @@ KernelStatus backward_for(const ScanBackwardArgs& a, Run&& run) {
     case ScanKind::kCumprod: {
       CumprodBackward<T, Acc> op;
       static_cast<GradWithSaved<T>&>(op) = saved;
-      op.len = a.shape.len; op.inner = a.shape.inner; op.forward_reverse = a.reverse;
+      op.len = a.shape.len;
+      op.scan_reverse = back;
+      op.scan_step = back ? -a.shape.inner : a.shape.inner;
       return run(op, back);
     }
     case ScanKind::kLogcumsumexp: {

@@ -37,8 +37,7 @@ struct ScanForwardArgs {
 // dx from dy for the forward scan described by kind / reverse. Saved tensors
 // each kind reads:
 //   cumsum        -
-//   cumprod       x, y       dx_i = E_i * R_i, E the exclusive prefix product
-//                            (y at the previous position), R the reverse
+//   cumprod       x, y       dx_i = y_{i-1} * R_i (y_{-1} = 1), R the reverse
 //                            linear recurrence R_i = dy_i + x_{i+1} R_{i+1}
 //   logcumsumexp  x, y       dx_i = sum_{j>=i} dy_j exp(x_i - y_j), in logs
 //   cummax/min    indices    dx_i = sum of dy_j over the run idx_j == i

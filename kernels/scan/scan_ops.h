@@ -3,20 +3,22 @@
 // combine(a, b) joins a run `a` with the run `b` that follows it, and must be
 // associative (the engines regroup freely, in a fixed, timing-independent
 // order). load(off, l) turns the element at memory offset `off` (position `l`
-// on the axis) into a state; store(off, l, excl, incl) receives the states of
-// everything before the element (excl) and up to and including it (incl).
-// Storage names the element type (engines size their batches by it). An op
-// whose store reads memory besides the states names that as Aux:
-// aux(off, l) reads it and store_with(off, l, excl, incl, aux) uses it, so
-// an engine that prefetches (column_strips) can load it with the states;
-// store(off, l, excl, incl) reads it on the spot. Only an op that declares
-// kStoreReadsExclusive is sure to get the true excl; the rows engine hands
-// the others the identity there, to save a combine per element.
+// on the axis) into a state; store(off, l, incl) receives the state of
+// everything up to and including the element. Storage names the element
+// type (engines size their batches by it). An op whose store reads memory
+// besides the state names that as Aux: aux(off, l) reads it and
+// store_with(off, l, incl, aux) uses it, so an engine that prefetches
+// (column_strips) can load it with the states; store(off, l, incl) reads it
+// on the spot.
 // An op whose load and aux read element `off` of some input arrays and no
 // other memory may name them: for_each_input(f) calls f on each of those
 // pointer members, by reference, and kInputBytes is their element sizes
 // summed. An engine may then copy a tile of every input elsewhere (shared
 // memory) and run loads on a copy of the op pointed at it (column_strips).
+// An op that also reads those arrays at the scan positions just before and
+// just after its own (kReadsNeighbors) finds them at off - scan_step and
+// off + scan_step, scan_step being a member that such an engine sets for
+// its copy.
 //
 // Compiled for host and device: the CPU engine and the CUDA engine run the
 // very same functors. T is the storage type, Acc the accumulation type
@@ -247,7 +249,7 @@ struct PlainIo {
   template <typename F> BHD void for_each_input(F&& f) { f(src); }
   template <typename F> BHD void for_each_input(F&& f) const { f(src); }
   BHD Acc load(int64_t off, int64_t) const { return to_acc<Acc>(src[off]); }
-  BHD void store(int64_t off, int64_t, Acc, Acc incl) const { dst[off] = from_acc<T>(incl); }
+  BHD void store(int64_t off, int64_t, Acc incl) const { dst[off] = from_acc<T>(incl); }
 };
 
 // cumsum / cumprod: y (dst) = inclusive scan of x (src).
@@ -361,7 +363,7 @@ struct ExtremeForward : ExtremeCombine<Acc, Pos, kMax> {
   BHD State load(int64_t off, int64_t l) const {
     return {to_acc<Acc>(x[off]), static_cast<Pos>(l)};
   }
-  BHD void store(int64_t off, int64_t, State, State incl) const {
+  BHD void store(int64_t off, int64_t, State incl) const {
     y[off] = from_acc<T>(incl.value);
     indices[off] = incl.index;
   }
@@ -386,10 +388,13 @@ struct CumsumBackward : SumCombine<Acc>, PlainIo<T, Acc> {
   using Storage = T;
 };
 
-// cumprod: with Q_i = x_i (dy_i + Q_{i+1}) (element-local affine maps),
-// R_i = dy_i + Q_{i+1} is dy_i plus the exclusive scan value, and
-// dx_i = E_i R_i with E_i the forward output at the previous position (1 at
-// the first). No division, so zeros in x are exact.
+// cumprod: dx_i = y_{i-1} R_i (y_{-1} = 1), where R_i = sum over j >= i of
+// dy_j x_{i+1} ... x_j is the reverse linear recurrence
+// R_i = dy_i + x_{i+1} R_{i+1} (forward order). In the backward's scan
+// order, element p's affine map q -> x_{p-1} q + dy_p (x at the scan
+// position before it; 1 at the first, where q is 0) composes to R_p, so
+// the store reads the inclusive state alone, times y at the scan position
+// after it. No division: zeros in x are exact.
 template <typename T, typename Acc>
 struct CumprodBackward : AffineCombine<Acc>, GradWithSaved<T> {
   using State = Affine<Acc>;
@@ -398,29 +403,28 @@ struct CumprodBackward : AffineCombine<Acc>, GradWithSaved<T> {
   using GradWithSaved<T>::x;
   using GradWithSaved<T>::y;
   using GradWithSaved<T>::dx;
-  static constexpr bool kStoreReadsExclusive = true;
+  static constexpr bool kReadsNeighbors = true;
   int64_t len;
-  int64_t inner;
-  bool forward_reverse;
-  BHD State load(int64_t off, int64_t) const {
-    const Acc xv = to_acc<Acc>(x[off]);
-    return {xv, xv * to_acc<Acc>(dy[off])};
+  int64_t scan_step;   // memory offset from a scan position to the next
+  bool scan_reverse;   // the backward walks from l = len - 1 down to 0
+  BHD bool first_in_scan(int64_t l) const { return l == (scan_reverse ? len - 1 : 0); }
+  BHD bool last_in_scan(int64_t l) const { return l == (scan_reverse ? 0 : len - 1); }
+  static constexpr int kInputBytes = 3 * sizeof(T);
+  template <typename F> BHD void for_each_input(F&& f) { f(dy), f(x), f(y); }
+  template <typename F> BHD void for_each_input(F&& f) const { f(dy), f(x), f(y); }
+  BHD State load(int64_t off, int64_t l) const {
+    const Acc a = first_in_scan(l) ? Acc(1) : to_acc<Acc>(x[off - scan_step]);
+    return {a, to_acc<Acc>(dy[off])};
   }
-  struct Aux {
-    Acc dy;
-    Acc e;
-  };
+  using Aux = Acc;  // y at the next scan position (1 past the last)
   BHD Aux aux(int64_t off, int64_t l) const {
-    Acc e = Acc(1);
-    if (!forward_reverse && l > 0) e = to_acc<Acc>(y[off - inner]);
-    if (forward_reverse && l + 1 < len) e = to_acc<Acc>(y[off + inner]);
-    return {to_acc<Acc>(dy[off]), e};
+    return last_in_scan(l) ? Acc(1) : to_acc<Acc>(y[off + scan_step]);
   }
-  BHD void store_with(int64_t off, int64_t, State excl, State, const Aux& a) const {
-    dx[off] = from_acc<T>(a.e * (a.dy + excl.shift));
+  BHD void store_with(int64_t off, int64_t, State incl, Aux e) const {
+    dx[off] = from_acc<T>(e * incl.shift);
   }
-  BHD void store(int64_t off, int64_t l, State excl, State incl) const {
-    store_with(off, l, excl, incl, aux(off, l));
+  BHD void store(int64_t off, int64_t l, State incl) const {
+    store_with(off, l, incl, aux(off, l));
   }
 };
 
@@ -510,15 +514,15 @@ struct LogcumsumexpBackward : ScaledSumCombine<Acc>, GradWithSaved<T> {
   }
   using Aux = Acc;  // x at the element
   BHD Aux aux(int64_t off, int64_t) const { return to_acc<Acc>(x[off]); }
-  BHD void store_with(int64_t off, int64_t, State, State incl, Aux xv) const {
+  BHD void store_with(int64_t off, int64_t, State incl, Aux xv) const {
     Acc out = Acc(0);
     if (xv != neg_inf<Acc>() && incl.m != neg_inf<Acc>()) {
       out = exp_nonpositive(xv + incl.m) * incl.s;
     }
     dx[off] = from_acc<T>(out);
   }
-  BHD void store(int64_t off, int64_t l, State excl, State incl) const {
-    store_with(off, l, excl, incl, aux(off, l));
+  BHD void store(int64_t off, int64_t l, State incl) const {
+    store_with(off, l, incl, aux(off, l));
   }
 };
 
@@ -539,7 +543,7 @@ struct ExtremeBackward : KeyedSumCombine<Acc, Pos> {
     return {static_cast<Pos>(indices[off]), to_acc<Acc>(dy[off])};
   }
   // incl ends with this element, so its key is idx_i: no second read.
-  BHD void store(int64_t off, int64_t l, State, State incl) const {
+  BHD void store(int64_t off, int64_t l, State incl) const {
     dx[off] = from_acc<T>(incl.key == l ? incl.sum : Acc(0));
   }
 };

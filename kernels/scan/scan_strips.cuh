@@ -74,14 +74,14 @@ __device__ void finish_strip_step(const Op& op, const Line& line, int64_t first,
     carry = joins.combine(carry, totals[w][column]);
   }
   // Stores position k of the step, with what the store reads besides the
-  // states.
-  const auto store = [&](int k, const State& excl, const State& incl) {
+  // state.
+  const auto store = [&](int k, const State& incl) {
     const int64_t l = line.position(first + k);
     const int64_t off = line.base + l * line.stride;
     if constexpr (AuxTrait<Op>::kHas) {
-      op.store_with(off, l, excl, incl, cur_aux[k]);
+      op.store_with(off, l, incl, cur_aux[k]);
     } else {
-      op.store(off, l, excl, incl);
+      op.store(off, l, incl);
     }
   };
   if constexpr (HasRunScan<Op>::value) {
@@ -89,15 +89,14 @@ __device__ void finish_strip_step(const Op& op, const Line& line, int64_t first,
     op.scan_run(prefix, cur, memo);
 #pragma unroll
     for (int k = 0; k < K; ++k) {
-      if (first + k < p_end) store(k, op.identity(), cur[k]);
+      if (first + k < p_end) store(k, cur[k]);
     }
   } else {
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       if (first + k < p_end) {
-        const State incl = op.combine(prefix, cur[k]);
-        store(k, prefix, incl);
-        prefix = incl;
+        prefix = op.combine(prefix, cur[k]);
+        store(k, prefix);
       }
     }
   }
@@ -167,9 +166,10 @@ template <typename Op>
 struct HasInputs<Op, std::void_t<decltype(Op::kInputBytes)>> : std::true_type {};
 
 // Where staging pays: two-byte types, and ops with more per element than a
-// plain combine (logcumsumexp's run scan, the aux its backward reads). H100,
-// [4096, 8192] along dim 0, registers -> staged: bf16 cumsum 106 -> 52 us,
-// f32 logcumsumexp forward 133 -> 125, backward 502 -> 272; but f32 cumsum
+// plain combine (logcumsumexp's run scan, the aux the backward passes of
+// logcumsumexp and cumprod read). H100, [4096, 8192] along dim 0, registers
+// -> staged: bf16 cumsum 106 -> 52 us, f32 logcumsumexp forward 133 -> 125,
+// backward 502 -> 272, f32 cumprod backward 359 -> 197; but f32 cumsum
 // backward 106 -> 110 and cummax backward 188 -> 195, so the other four-
 // and eight-byte ops keep the register loader.
 template <typename Op>
@@ -189,19 +189,32 @@ constexpr int kLaneColumns =
 template <typename Op>
 constexpr int kStagedWidth = kStripWidth * kLaneColumns<Op>;
 
+// An op that reads its inputs at the neighbouring scan positions too
+// (ReadsNeighbors) has each warp also stage the row before and the row after
+// its positions of the step (kHaloRows each side).
+template <typename Op>
+constexpr int kHaloRows = ReadsNeighbors<Op>::value ? 1 : 0;
+
 // Positions per warp and step: about 16 KiB of inputs per block and step,
 // more for a run scan (longer runs, fewer joins), and no more than 128
 // bytes of states per thread (bf16 cummax forward spilled with 32 positions
-// of 8-byte states).
+// of 8-byte states). Halo rows cost 2 / K more copies: cumprod backward
+// stages 16 positions of two-byte inputs (bf16 [4096, 8192] along dim 0:
+// 114 us, against 135 with 8).
 template <typename Op>
 constexpr int kStagedRows =
     std::min<int>(HasRunScan<Op>::value || Op::kInputBytes <= 2 ? 32
-                  : Op::kInputBytes <= 4                         ? 16
-                                                                 : 8,
+                  : Op::kInputBytes <= 4 || (kHaloRows<Op> && Op::kInputBytes <= 6)
+                      ? 16
+                      : 8,
                   128 / (sizeof(StateOf<Op>) * kLaneColumns<Op>));
 
+// Rows of each input a warp stages per step.
 template <typename Op>
-constexpr int kStagedWarpBytes = kStagedRows<Op> * kStagedWidth<Op> * Op::kInputBytes;
+constexpr int kStagedSpan = kStagedRows<Op> + 2 * kHaloRows<Op>;
+
+template <typename Op>
+constexpr int kStagedWarpBytes = kStagedSpan<Op> * kStagedWidth<Op> * Op::kInputBytes;
 
 template <typename Op>
 constexpr int kStagedStepBytes = (kStripBlock / 32) * kStagedWarpBytes<Op>;
@@ -227,6 +240,8 @@ __global__ void __launch_bounds__(kStripBlock, kLaneColumns<Op> == 2 ? 1 : 2)
   using Total = TotalOf<Op>;
   using Aux = AuxOf<Op>;
   constexpr int K = kStagedRows<Op>;
+  constexpr int H = kHaloRows<Op>;
+  constexpr int kSpan = kStagedSpan<Op>;
   constexpr int C = kLaneColumns<Op>;
   constexpr int W = kStagedWidth<Op>;
   constexpr int S = kStripStages<Op>;
@@ -245,33 +260,36 @@ __global__ void __launch_bounds__(kStripBlock, kLaneColumns<Op> == 2 ? 1 : 2)
     const int64_t o = strip / strips_per_outer;
     const int64_t column0 = (strip - o * strips_per_outer) * W;
     const int64_t outer_base = o * s.len * s.inner;
-    // Copies this warp's positions of `step` into its region; one commit
-    // group per call, empty past the last step, so that waiting for all but
-    // the newest S - 1 groups waits for the step about to be scanned.
+    // Copies this warp's positions of `step` (and the halo rows around
+    // them) into its region; one commit group per call, empty past the last
+    // step, so that waiting for all but the newest S - 1 groups waits for
+    // the step about to be scanned. Rows outside the axis are zero-filled.
     const auto fetch = [&](int64_t step) {
       if (step < steps) {
         char* to = region(step);
-        const int64_t first = step * kStepLen + int64_t{warp} * K;
+        const int64_t first = step * kStepLen + int64_t{warp} * K - H;
         op.for_each_input([&](const auto* from) {
           using U = std::remove_cv_t<std::remove_pointer_t<decltype(from)>>;
           constexpr int kPieces = W * int{sizeof(U)} / 16;  // of a position
           constexpr int kPieceElems = 16 / int{sizeof(U)};
-          static_assert(K * kPieces % 32 == 0, "whole rounds of the warp");
+          constexpr int kAll = kSpan * kPieces;
 #pragma unroll
-          for (int i = 0; i < K * kPieces / 32; ++i) {
+          for (int i = 0; i < (kAll + 31) / 32; ++i) {
             const int c = i * 32 + lane;
-            const int r = c / kPieces;
-            const int q = c - r * kPieces;
-            const int64_t p = first + r;
-            const bool valid = p < s.len && column0 + q * kPieceElems < s.inner;
-            const U* at = from;
-            if (valid) {
-              const int64_t l = reverse ? s.len - 1 - p : p;
-              at += outer_base + l * s.inner + column0 + q * kPieceElems;
+            if (kAll % 32 == 0 || c < kAll) {
+              const int r = c / kPieces;
+              const int q = c - r * kPieces;
+              const int64_t p = first + r;
+              const bool valid = p >= 0 && p < s.len && column0 + q * kPieceElems < s.inner;
+              const U* at = from;
+              if (valid) {
+                const int64_t l = reverse ? s.len - 1 - p : p;
+                at += outer_base + l * s.inner + column0 + q * kPieceElems;
+              }
+              cp_async16(to + c * 16, at, valid);
             }
-            cp_async16(to + c * 16, at, valid);
           }
-          to += K * W * int{sizeof(U)};
+          to += kSpan * W * int{sizeof(U)};
         });
       }
       cp_async_commit();
@@ -287,14 +305,18 @@ __global__ void __launch_bounds__(kStripBlock, kLaneColumns<Op> == 2 ? 1 : 2)
       fetch(step + S - 1);
       cp_async_wait<S - 1>();
       __syncwarp();
+      // The view reads row k of the warp's positions at k * W + column: each
+      // input's pointer is past its halo row, and the next scan position is
+      // the next row.
       Op view = op;
       {
         char* at = region(step);
         view.for_each_input([&](auto& ptr) {
           using P = std::remove_reference_t<decltype(ptr)>;
-          ptr = reinterpret_cast<P>(at);
-          at += K * W * int{sizeof(*ptr)};
+          ptr = reinterpret_cast<P>(at) + H * W;
+          at += kSpan * W * int{sizeof(*ptr)};
         });
+        if constexpr (ReadsNeighbors<Op>::value) view.scan_step = W;
       }
       const int64_t first = step * kStepLen + int64_t{warp} * K;
       State cur[C][K];
