@@ -1,4 +1,5 @@
-"""Every .cu file under kernels/ compiles with plain nvcc for sm_90.
+"""Every .cu file under kernels/ and benchmarks/ compiles with plain nvcc for
+sm_90.
 
 The .cu files include no torch headers, so this runs wherever nvcc exists --
 including machines without a GPU or a CUDA build of torch -- and catches a
@@ -14,8 +15,9 @@ import subprocess
 import pytest
 from torch.utils.cpp_extension import COMMON_NVCC_FLAGS
 
-KERNELS = pathlib.Path(__file__).resolve().parents[1] / "kernels"
-CUDA_FILES = sorted(KERNELS.rglob("*.cu"))
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+KERNELS = ROOT / "kernels"
+CUDA_FILES = sorted(KERNELS.rglob("*.cu")) + sorted((ROOT / "benchmarks").glob("*.cu"))
 NVCC = shutil.which("nvcc")
 
 
@@ -24,7 +26,7 @@ def test_there_are_cuda_sources():
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
-@pytest.mark.parametrize("source", CUDA_FILES, ids=lambda p: str(p.relative_to(KERNELS)))
+@pytest.mark.parametrize("source", CUDA_FILES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_cuda_source_compiles_for_sm90(source, tmp_path):
     cmd = [NVCC, "-std=c++17", "-O1", "-arch=sm_90", *COMMON_NVCC_FLAGS,
            "-I", str(KERNELS), "-c", str(source), "-o", str(tmp_path / "out.o")]

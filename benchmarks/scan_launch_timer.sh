@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Builds benchmarks/scan_launch_timer.cu against the scan kernels with nvcc
+# (no torch, about a minute) and runs it on the local GPU.
+#
+#   bash benchmarks/scan_launch_timer.sh [TEXT]     cases whose name contains TEXT
+#
+# SCAN_DTYPE=bf16|f32 keeps one dtype; NVCC_ARCH (default 90a) picks the GPU
+# target; NVCC_FLAGS adds flags to the kernels' compile (a -D to try a
+# variant); TIMER_BIN (default build/scan_launch_timer) is where the program
+# goes; BUILD_ONLY=1 builds without running.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=${TIMER_BIN:-build/scan_launch_timer}
+arch=${NVCC_ARCH:-90a}
+# The defines torch's extension build passes to nvcc, so the kernels compile
+# as they do in the extension.
+flags=(-O3 -std=c++17 -lineinfo --expt-relaxed-constexpr -Ikernels
+       "-gencode=arch=compute_$arch,code=sm_$arch"
+       -D__CUDA_NO_HALF_OPERATORS__ -D__CUDA_NO_HALF_CONVERSIONS__
+       -D__CUDA_NO_BFLOAT16_CONVERSIONS__ -D__CUDA_NO_HALF2_OPERATORS__)
+mkdir -p "$(dirname "$bin")"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+# shellcheck disable=SC2086  # NVCC_FLAGS is a list of flags
+nvcc "${flags[@]}" ${NVCC_FLAGS:-} -c kernels/scan/scan.cu -o "$tmp/scan.o"
+nvcc "${flags[@]}" -c benchmarks/scan_launch_timer.cu -o "$tmp/timer.o"
+g++ -O2 -std=c++17 -Ikernels -c kernels/scan/scan_cpu.cpp -o "$tmp/scan_cpu.o"
+nvcc "-gencode=arch=compute_$arch,code=sm_$arch" "$tmp/scan.o" "$tmp/timer.o" "$tmp/scan_cpu.o" -o "$bin"
+if [[ ${BUILD_ONLY:-0} != 1 ]]; then
+    "$bin" "$@"
+fi
