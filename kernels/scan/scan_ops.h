@@ -416,7 +416,7 @@ struct CumprodBackward : AffineCombine<Acc>, GradWithSaved<T> {
     const Acc a = first_in_scan(l) ? Acc(1) : to_acc<Acc>(x[off - scan_step]);
     return {a, to_acc<Acc>(dy[off])};
   }
-  using Aux = Acc;  // y at the next scan position (1 past the last)
+  using Aux = Acc;  // y at the next scan position (1 at the last position)
   BHD Aux aux(int64_t off, int64_t l) const {
     return last_in_scan(l) ? Acc(1) : to_acc<Acc>(y[off + scan_step]);
   }
