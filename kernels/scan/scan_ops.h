@@ -372,13 +372,17 @@ struct ExtremeForward : ExtremeCombine<Acc, Pos, kMax> {
 // ---------------------------------------------------------------- backward ops
 // Each runs in the opposite direction of its forward scan.
 
-// The gradient in and out, and the saved forward input and output.
+// The gradient in and out, and the saved forward input and output; the
+// three inputs are named for the engines that stage them (scan_strips.cuh).
 template <typename T>
 struct GradWithSaved {
   const T* dy;
   const T* x;
   const T* y;
   T* dx;
+  static constexpr int kInputBytes = 3 * sizeof(T);
+  template <typename F> BHD void for_each_input(F&& f) { f(dy), f(x), f(y); }
+  template <typename F> BHD void for_each_input(F&& f) const { f(dy), f(x), f(y); }
 };
 
 // cumsum: dx (dst) = reverse cumsum of dy (src).
@@ -409,9 +413,6 @@ struct CumprodBackward : AffineCombine<Acc>, GradWithSaved<T> {
   bool scan_reverse;   // the backward walks from l = len - 1 down to 0
   BHD bool first_in_scan(int64_t l) const { return l == (scan_reverse ? len - 1 : 0); }
   BHD bool last_in_scan(int64_t l) const { return l == (scan_reverse ? 0 : len - 1); }
-  static constexpr int kInputBytes = 3 * sizeof(T);
-  template <typename F> BHD void for_each_input(F&& f) { f(dy), f(x), f(y); }
-  template <typename F> BHD void for_each_input(F&& f) const { f(dy), f(x), f(y); }
   BHD State load(int64_t off, int64_t l) const {
     const Acc a = first_in_scan(l) ? Acc(1) : to_acc<Acc>(x[off - scan_step]);
     return {a, to_acc<Acc>(dy[off])};
@@ -503,9 +504,6 @@ struct LogcumsumexpBackward : ScaledSumCombine<Acc>, GradWithSaved<T> {
   using GradWithSaved<T>::x;
   using GradWithSaved<T>::y;
   using GradWithSaved<T>::dx;
-  static constexpr int kInputBytes = 3 * sizeof(T);
-  template <typename F> BHD void for_each_input(F&& f) { f(dy), f(y), f(x); }
-  template <typename F> BHD void for_each_input(F&& f) const { f(dy), f(y), f(x); }
   BHD State load(int64_t off, int64_t) const {
     const Acc g = to_acc<Acc>(dy[off]);
     const Acc yv = to_acc<Acc>(y[off]);
