@@ -221,6 +221,33 @@ struct Line {
   __device__ int64_t position(int64_t p) const { return reverse ? len - 1 - p : p; }
 };
 
+// Walks scan positions first, first + 1, ... of a line: their axis
+// positions and memory offsets advance by one addition each (a 64-bit
+// multiply per element cost about as much as a cheap scan's own work), and
+// how many of them lie before p_end is counted once.
+struct LineWalk {
+  int64_t l;         // axis position of the current scan position
+  int64_t off;       // its memory offset
+  int64_t l_step;    // +1 or -1
+  int64_t off_step;  // +stride or -stride
+  int valid;         // scan positions from `first` before p_end (at most kItems)
+  template <int kItems>
+  __device__ static LineWalk from(const Line& line, int64_t first, int64_t p_end) {
+    LineWalk w;
+    w.l = line.position(first);
+    w.off = line.base + w.l * line.stride;
+    w.l_step = line.reverse ? -1 : 1;
+    w.off_step = line.reverse ? -line.stride : line.stride;
+    const int64_t left = p_end - first;
+    w.valid = left >= kItems ? kItems : left > 0 ? int(left) : 0;
+    return w;
+  }
+  __device__ void advance() {
+    l += l_step;
+    off += off_step;
+  }
+};
+
 // A thread's kItems consecutive elements of a line from scan position
 // `first`; positions at or past p_end hold the identity. Every load is issued
 // before any store of the caller. Returns their total. Given `aux` (an array
@@ -229,18 +256,18 @@ template <int kItems, typename Op>
 __device__ StateOf<Op> load_run(const Op& op, const Line& line, int64_t first, int64_t p_end,
                                 StateOf<Op> (&items)[kItems], AuxOf<Op>* aux = nullptr) {
   StateOf<Op> total = op.identity();
+  LineWalk w = LineWalk::from<kItems>(line, first, p_end);
 #pragma unroll
   for (int k = 0; k < kItems; ++k) {
-    const int64_t p = first + k;
     items[k] = op.identity();
-    if (p < p_end) {
-      const int64_t l = line.position(p);
-      items[k] = op.load(line.base + l * line.stride, l);
+    if (k < w.valid) {
+      items[k] = op.load(w.off, w.l);
       if constexpr (AuxTrait<Op>::kHas) {
-        if (aux != nullptr) aux[k] = op.aux(line.base + l * line.stride, l);
+        if (aux != nullptr) aux[k] = op.aux(w.off, w.l);
       }
       total = op.combine(total, items[k]);
     }
+    w.advance();
   }
   return total;
 }
@@ -250,14 +277,14 @@ __device__ StateOf<Op> load_run(const Op& op, const Line& line, int64_t first, i
 template <int kItems, typename Op>
 __device__ StateOf<Op> store_run(const Op& op, const Line& line, int64_t first, int64_t p_end,
                                  StateOf<Op> run, const StateOf<Op> (&items)[kItems]) {
+  LineWalk w = LineWalk::from<kItems>(line, first, p_end);
 #pragma unroll
   for (int k = 0; k < kItems; ++k) {
-    const int64_t p = first + k;
-    if (p < p_end) {
-      const int64_t l = line.position(p);
+    if (k < w.valid) {
       run = op.combine(run, items[k]);
-      op.store(line.base + l * line.stride, l, run);
+      op.store(w.off, w.l, run);
     }
+    w.advance();
   }
   return run;
 }

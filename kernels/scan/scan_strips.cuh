@@ -73,15 +73,14 @@ __device__ void finish_strip_step(const Op& op, const Line& line, int64_t first,
     if (w == warp) prefix = carry;
     carry = joins.combine(carry, totals[w][column]);
   }
-  // Stores position k of the step, with what the store reads besides the
-  // state.
+  // Stores position k of the step (the walk's current one), with what the
+  // store reads besides the state.
+  LineWalk w = LineWalk::from<K>(line, first, p_end);
   const auto store = [&](int k, const State& incl) {
-    const int64_t l = line.position(first + k);
-    const int64_t off = line.base + l * line.stride;
     if constexpr (AuxTrait<Op>::kHas) {
-      op.store_with(off, l, incl, cur_aux[k]);
+      op.store_with(w.off, w.l, incl, cur_aux[k]);
     } else {
-      op.store(off, l, incl);
+      op.store(w.off, w.l, incl);
     }
   };
   if constexpr (HasRunScan<Op>::value) {
@@ -89,15 +88,17 @@ __device__ void finish_strip_step(const Op& op, const Line& line, int64_t first,
     op.scan_run(prefix, cur, memo);
 #pragma unroll
     for (int k = 0; k < K; ++k) {
-      if (first + k < p_end) store(k, cur[k]);
+      if (k < w.valid) store(k, cur[k]);
+      w.advance();
     }
   } else {
 #pragma unroll
     for (int k = 0; k < K; ++k) {
-      if (first + k < p_end) {
+      if (k < w.valid) {
         prefix = op.combine(prefix, cur[k]);
         store(k, prefix);
       }
+      w.advance();
     }
   }
 }
@@ -326,15 +327,17 @@ __global__ void __launch_bounds__(kStripBlock, kLaneColumns<Op> == 2 ? 1 : 2)
       for (int j = 0; j < C; ++j) {
         const int column = j * 32 + lane;
         const int64_t p_end = column0 + column < s.inner ? s.len : 0;
+        // Only the axis positions matter here (the view has its own
+        // offsets).
+        LineWalk walk = LineWalk::from<K>(Line{0, 0, s.len, reverse}, first, p_end);
 #pragma unroll
         for (int k = 0; k < K; ++k) {
-          const int64_t p = first + k;
           cur[j][k] = op.identity();
-          if (p < p_end) {
-            const int64_t l = reverse ? s.len - 1 - p : p;
-            cur[j][k] = view.load(k * W + column, l);
-            if constexpr (AuxTrait<Op>::kHas) cur_aux[j][k] = view.aux(k * W + column, l);
+          if (k < walk.valid) {
+            cur[j][k] = view.load(k * W + column, walk.l);
+            if constexpr (AuxTrait<Op>::kHas) cur_aux[j][k] = view.aux(k * W + column, walk.l);
           }
+          walk.advance();
         }
         totals[step % 2][warp][column] = fold_run(op, cur[j], memo[j]);
       }
