@@ -7,7 +7,8 @@
 // L2 does not serve repeats. Each case is also checked once, its output
 // poisoned first, against the host engine in float64 on the same inputs:
 // the last column is max |ours - ref| / max |ref| (cummax / cummin also
-// compare indices exactly; a mismatch prints inf).
+// compare indices exactly; a mismatch prints inf). Beside each case, a
+// device-to-device copy of its minimal bytes is timed the same way.
 //
 //   scan_launch_timer [TEXT]   only the cases whose name contains TEXT;
 //                              SCAN_DTYPE=bf16 or f32 keeps one dtype
@@ -95,6 +96,25 @@ double copy_roofline_gbs() {
       [&](int) { check_cuda(cudaMemcpyAsync(b.ptr, a.ptr, n, cudaMemcpyDeviceToDevice), "copy"); },
       20, 3);
   return 2.0 * n / us / 1e3;
+}
+
+// Microseconds of a device-to-device copy of `bytes` (half read, half
+// written), cold buffers rotated as for the cases: what moving a case's
+// minimal bytes costs at its own size, launch and ramp included. (At 32 MB
+// that is well under the 1 GiB rate.)
+float same_bytes_copy_us(double bytes) {
+  const size_t n = static_cast<size_t>(bytes / 2);
+  const int count = std::max(2, std::min(8, int(std::ceil(200e6 / bytes))));
+  std::vector<std::unique_ptr<DeviceBuffer>> from, to;
+  for (int k = 0; k < count; ++k) {
+    from.push_back(std::make_unique<DeviceBuffer>(n));
+    to.push_back(std::make_unique<DeviceBuffer>(n));
+  }
+  return median_us([&](int r) {
+    check_cuda(cudaMemcpyAsync(to[r % count]->ptr, from[r % count]->ptr, n,
+                               cudaMemcpyDeviceToDevice),
+               "copy");
+  });
 }
 
 const char* const kKindNames[] = {"cumsum", "cumprod", "logcumsumexp", "cummax", "cummin"};
@@ -242,8 +262,8 @@ int main(int argc, char** argv) {
   const char* only_dtype = std::getenv("SCAN_DTYPE");
   const double roofline = copy_roofline_gbs();
   std::printf("copy roofline %.1f GB/s\n\n", roofline);
-  std::printf("| case | dtype | path | us | %% of copy roofline | rel err |\n");
-  std::printf("|---|---|---|---|---|---|\n");
+  std::printf("| case | dtype | path | us | %% of copy roofline | copy of the same bytes, us | rel err |\n");
+  std::printf("|---|---|---|---|---|---|---|\n");
   struct Shape {
     const char* label;
     ScanShape shape;
@@ -286,9 +306,11 @@ int main(int argc, char** argv) {
           check_cuda(cudaDeviceSynchronize(), c.name().c_str());
           const double err = relative_error(c, *sets[0]);
           const float us = median_us([&](int r) { launch_case(c, *sets[r % count]); });
-          std::printf("| %s | %s | %s | %.1f | %.1f | %.2e |\n", c.name().c_str(),
+          sets.clear();
+          const float copy_us = same_bytes_copy_us(c.bytes_moved());
+          std::printf("| %s | %s | %s | %.1f | %.1f | %.1f | %.2e |\n", c.name().c_str(),
                       bf16 ? "bfloat16" : "float32", scan_path_name(plan_scan(s.shape).path), us,
-                      100.0 * c.bytes_moved() / us / 1e3 / roofline, err);
+                      100.0 * c.bytes_moved() / us / 1e3 / roofline, copy_us, err);
           std::fflush(stdout);
         }
       }
