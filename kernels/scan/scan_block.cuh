@@ -221,6 +221,25 @@ struct Line {
   __device__ int64_t position(int64_t p) const { return reverse ? len - 1 - p : p; }
 };
 
+// Calls f(op), or, where none of scan positions [first, last] is the first
+// or the last of an axis of `len`, f on a copy of op told so (`interior`,
+// scan_ops.h): an op that reads its neighbours then skips its tests of the
+// axis ends (bfloat16 cumprod backward along dim -1 of [4096, 8192], H100:
+// 222 -> 186 us).
+template <typename Op, typename F>
+__device__ void with_interior_hint(const Op& op, int64_t first, int64_t last, int64_t len,
+                                   F&& f) {
+  if constexpr (ReadsNeighbors<Op>::value) {
+    if (first > 0 && last < len - 1) {
+      Op inner = op;
+      inner.interior = true;
+      f(inner);
+      return;
+    }
+  }
+  f(op);
+}
+
 // Walks scan positions first, first + 1, ... of a line: their axis
 // positions and memory offsets advance by one addition each (a 64-bit
 // multiply per element cost about as much as a cheap scan's own work), and
@@ -447,16 +466,18 @@ __device__ void load_chunk(const Op& op, const Line& line, int64_t chunk, bool d
       return;
     }
   }
+  with_interior_hint(op, chunk, chunk + kRowChunk - 1, line.len, [&](const Op& o) {
 #pragma unroll
-  for (int k = 0; k < kScanItems; ++k) {
-    const int64_t p = chunk + int64_t(k) * kScanBlock + threadIdx.x;
-    r.striped[k] = op.identity();
-    if (p < line.len) {
-      const int64_t l = line.position(p);
-      r.striped[k] = op.load(line.base + l, l);
-      if constexpr (AuxTrait<Op>::kHas) r.aux[k] = op.aux(line.base + l, l);
+    for (int k = 0; k < kScanItems; ++k) {
+      const int64_t p = chunk + int64_t(k) * kScanBlock + threadIdx.x;
+      r.striped[k] = o.identity();
+      if (p < line.len) {
+        const int64_t l = line.position(p);
+        r.striped[k] = o.load(line.base + l, l);
+        if constexpr (AuxTrait<Op>::kHas) r.aux[k] = o.aux(line.base + l, l);
+      }
     }
-  }
+  });
 }
 
 // Ends with a barrier on the striped layout (shared memory is free again).

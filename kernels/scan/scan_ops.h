@@ -18,7 +18,9 @@
 // An op that also reads those arrays at the scan positions just before and
 // just after its own (kReadsNeighbors) finds them at off - scan_step and
 // off + scan_step, scan_step being a member that such an engine sets for
-// its copy.
+// its copy; it also has a member `interior`, which an engine may set on a
+// copy it hands only positions that are neither the first nor the last of
+// the scan, so that the op skips its tests for the axis ends.
 //
 // Compiled for host and device: the CPU engine and the CUDA engine run the
 // very same functors. T is the storage type, Acc the accumulation type
@@ -409,10 +411,13 @@ struct CumprodBackward : AffineCombine<Acc>, GradWithSaved<T> {
   using GradWithSaved<T>::dx;
   static constexpr bool kReadsNeighbors = true;
   int64_t len;
-  int64_t scan_step;   // memory offset from a scan position to the next
-  bool scan_reverse;   // the backward walks from l = len - 1 down to 0
-  BHD bool first_in_scan(int64_t l) const { return l == (scan_reverse ? len - 1 : 0); }
-  BHD bool last_in_scan(int64_t l) const { return l == (scan_reverse ? 0 : len - 1); }
+  int64_t scan_step;      // memory offset from a scan position to the next
+  bool scan_reverse;      // the backward walks from l = len - 1 down to 0
+  bool interior = false;  // no position handed over is an end of the scan
+  BHD bool first_in_scan(int64_t l) const {
+    return !interior && l == (scan_reverse ? len - 1 : 0);
+  }
+  BHD bool last_in_scan(int64_t l) const { return !interior && l == (scan_reverse ? 0 : len - 1); }
   BHD State load(int64_t off, int64_t l) const {
     const Acc a = first_in_scan(l) ? Acc(1) : to_acc<Acc>(x[off - scan_step]);
     return {a, to_acc<Acc>(dy[off])};

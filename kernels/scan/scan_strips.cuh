@@ -328,7 +328,8 @@ __global__ void __launch_bounds__(kStripBlock, kLaneColumns<Op> == 2 ? 1 : 2)
         const int column = j * 32 + lane;
         const int64_t p_end = column0 + column < s.inner ? s.len : 0;
         // Only the axis positions matter here (the view has its own
-        // offsets).
+        // offsets). (with_interior_hint, which took float32 cumprod
+        // backward from 197 to 194 us, cost bfloat16 111 -> 113.)
         LineWalk walk = LineWalk::from<K>(Line{0, 0, s.len, reverse}, first, p_end);
 #pragma unroll
         for (int k = 0; k < K; ++k) {
