@@ -325,6 +325,27 @@ def test_cumprod_backward_exact_with_zeros(device, zeros):
     assert torch.isfinite(got).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_cumprod_backward_across_chunk_edges(device, dtype, rng):
+    # Rows of four 2048-element chunks (CUDA rows path): the middle chunks
+    # skip cumprod backward's tests of the axis ends and read their
+    # neighbours across chunk edges, where the zeros sit.
+    shape = (256, 4 * 2048 - 100)  # enough rows for the rows path
+    assert bt.scan_path(torch.empty(shape, device="meta"), -1) == "rows"
+    x = (1 + 1e-3 * torch.randn(shape, generator=rng, dtype=torch.float64)).to(dtype)
+    for row, at in enumerate([2047, 2048, 4095, 4096]):
+        x[row, at] = 0.0
+    x, dy = x.to(device), torch.randn(shape, generator=rng).to(dtype).to(device)
+    for reverse in (False, True):
+        got = our_grad("cumprod", x, -1, reverse, dy)
+        ref = reference_grad("cumprod", x, -1, reverse, dy)
+        # Gradients reach ~sqrt(len): the error is relative to the largest.
+        t = tol(dtype, shape[-1])
+        torch.testing.assert_close(got.double().cpu(), ref, rtol=t["rtol"],
+                                   atol=t["rtol"] * ref.abs().max().item())
+        assert torch.isfinite(got).all()
+
+
 def test_logcumsumexp_neg_inf_prefix_and_large_magnitudes(device):
     x = torch.tensor([[-INF, -INF, 0.5, -INF, 2.0], [1e4, -1e4, 1e4, 3.0, -1e4]],
                      dtype=torch.float64, device=device)
