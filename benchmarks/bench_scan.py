@@ -3,9 +3,11 @@
 Peers: torch's op (forward; for cumsum also ``torch.compile(torch.cumsum)``)
 and torch's backward alone (``torch.autograd.grad`` through torch's op on a
 retained graph); ours backward is ``scan_backward`` on the saved tensors.
-Bytes moved are the minimum: forward reads x and writes y (+ int64 indices
-for cummax / cummin); backward reads dy and the saved tensors it needs
-(cumprod, logcumsumexp: x and y; cummax / cummin: the indices) and writes dx.
+Timed on the device alone (``Case.device_only``): the target is a fraction
+of copy bandwidth, which host launch gaps must not blur. Bytes moved are the
+minimum: forward reads x and writes y (+ int64 indices for cummax / cummin);
+backward reads dy and the saved tensors it needs (cumprod, logcumsumexp: x
+and y; cummax / cummin: the indices) and writes dx.
 """
 
 import torch
@@ -54,7 +56,7 @@ def _forward_cases(name, shape, dim, dtype, device, label):
     sets = _inputs(shape, dtype, device, n_sets(moved))
     ours = rotate([lambda x=x: getattr(bt, name)(x, dim) for x, _ in sets])
     peer = rotate([lambda x=x: getattr(torch, name)(x, dim) for x, _ in sets])
-    common = dict(dtype=dtype_name(dtype), bytes_moved=moved)
+    common = dict(dtype=dtype_name(dtype), bytes_moved=moved, device_only=True)
     cases = [Case(f"{name} fwd {label}", ours=ours, peer=peer, peer_name=f"torch.{name}", **common)]
     if name == "cumsum":
         if _compiled_cumsum is None:
@@ -81,7 +83,8 @@ def _backward_case(name, shape, dim, dtype, device, label):
         peer_fns.append(lambda o=torch_out, leaf=leaf, dy=dy: torch.autograd.grad(
             o, leaf, dy, retain_graph=True))
     return Case(f"{name} bwd {label}", dtype=dtype_name(dtype), bytes_moved=moved,
-                ours=rotate(ours_fns), peer=rotate(peer_fns), peer_name=f"torch.{name} backward")
+                ours=rotate(ours_fns), peer=rotate(peer_fns), peer_name=f"torch.{name} backward",
+                device_only=True)
 
 
 def cases(device, quick=False):

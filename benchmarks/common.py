@@ -28,6 +28,9 @@ class Case:
     graph: bool = False         # time per call inside a replayed CUDA graph
     note: str = ""              # footnote printed under the table
     reps: int = 50
+    # Time the device alone (calls queued behind a spin, _timing.py) where the
+    # target is a bandwidth: a host slower than the kernel must not count.
+    device_only: bool = False
     # Compute-bound ops: matmul FLOPs per call. When set, the throughput columns
     # read TFLOP/s (of ours and of the peer doing the same useful work).
     flops: float = 0.0

@@ -78,7 +78,8 @@ def time_case(case, device):
     if case.graph:
         timer = lambda fn: graph_replay_us(fn, device)  # noqa: E731
     else:
-        timer = lambda fn: median_us(fn, device, reps=case.reps)  # noqa: E731
+        timer = lambda fn: median_us(fn, device, reps=case.reps,  # noqa: E731
+                                     device_only=case.device_only)
     ours, peer = [], []
     for _ in range(ROUNDS):
         ours.append(timer(case.ours))
