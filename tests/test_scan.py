@@ -415,6 +415,24 @@ def test_logcumsumexp_wide_spans_and_neg_inf_stretches(device, dtype, shape, dim
                                        rtol=t["rtol"] + slack)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", EXTREME)
+def test_extreme_forward_two_byte_rows_loaded_whole(device, dtype, name, rng):
+    # On CUDA, rows whose runs of eight two-byte elements lie on 16-byte
+    # boundaries (each direction has its own anchor) are read a vector per
+    # run, the next chunk's ahead of the scan; other rows, and runs that cross
+    # the end, element by element. Rows of odd length alternate between the
+    # two, and NaN must still win as torch's does.
+    for shape, path in [((256, 2100), "rows"), ((512, 4101), "rows"), ((3, 20011), "long_rows")]:
+        assert bt.scan_path(torch.empty(shape, device="meta"), -1) == path
+        x = random_input(shape, dtype, "cpu", rng, name)
+        x.view(-1)[torch.randint(0, x.numel(), (20,), generator=rng)] = NAN
+        x = x.to(device)
+        for reverse in (False, True):
+            check(name, x, -1, reverse)
+            check(name, x[:, 1:], -1, reverse)
+
+
 @pytest.mark.parametrize("name", EXTREME)
 def test_extreme_backward_goes_to_forward_index(device, name, rng):
     x = torch.tensor([[1.0, 3.0, 3.0, NAN, 5.0, NAN], [2.0, 2.0, 2.0, 1.0, 4.0, 4.0]],

@@ -81,6 +81,27 @@ __global__ void __launch_bounds__(kScanBlock, kRowsBlocksPerSm<Op>)
         continue;
       }
     }
+    if constexpr (kMayLoadDirect<Op>) {
+      if (chunks_go_direct(op, line)) {
+        // A direct run is 16 bytes in 4 registers: the next chunk's are
+        // fetched before this one is scanned. bfloat16 cummax along dim -1
+        // of [4096, 8192], H100: 197 us striped, 172 loaded directly, 151
+        // with the fetch ahead.
+        const int64_t lead = int64_t{threadIdx.x} * kScanItems;
+        uint4 next = fetch_whole_run<kScanItems>(op, line, lead);
+        for (int64_t chunk = 0; chunk < len; chunk += kRowChunk) {
+          const uint4 cur = next;
+          if (chunk + kRowChunk < len) {
+            next = fetch_whole_run<kScanItems>(op, line, chunk + kRowChunk + lead);
+          }
+          ChunkRegs<Op> r;
+          unpack_whole_run(op, line, chunk + lead, cur, r.blocked);
+          scan_blocked(op, r.blocked, shared, carry);
+          store_chunk(op, line, chunk, true, r, shared);
+        }
+        continue;
+      }
+    }
     for (int64_t chunk = 0; chunk < len; chunk += kRowChunk) {
       scan_chunk(op, line, chunk, shared, carry);
     }
