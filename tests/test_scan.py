@@ -415,6 +415,11 @@ def test_logcumsumexp_wide_spans_and_neg_inf_stretches(device, dtype, shape, dim
                                        rtol=t["rtol"] + slack)
 
 
+# Two-byte rows of odd length on the rows path (several chunks) and on
+# long_rows, for the kernels that move whole 16-byte runs.
+TWO_BYTE_ROWS = [((256, 2100), "rows"), ((512, 4101), "rows"), ((3, 20011), "long_rows")]
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("name", EXTREME)
 def test_extreme_forward_two_byte_rows_loaded_whole(device, dtype, name, rng):
@@ -422,15 +427,31 @@ def test_extreme_forward_two_byte_rows_loaded_whole(device, dtype, name, rng):
     # boundaries (each direction has its own anchor) are read a vector per
     # run, the next chunk's ahead of the scan; other rows, and runs that cross
     # the end, element by element. Rows of odd length alternate between the
-    # two, and NaN must still win as torch's does.
-    for shape, path in [((256, 2100), "rows"), ((512, 4101), "rows"), ((3, 20011), "long_rows")]:
+    # two (off_boundary shifts which), and NaN must still win as torch's does.
+    for shape, path in TWO_BYTE_ROWS:
         assert bt.scan_path(torch.empty(shape, device="meta"), -1) == path
         x = random_input(shape, dtype, "cpu", rng, name)
         x.view(-1)[torch.randint(0, x.numel(), (20,), generator=rng)] = NAN
         x = x.to(device)
         for reverse in (False, True):
             check(name, x, -1, reverse)
-            check(name, x[:, 1:], -1, reverse)
+            check(name, off_boundary(x), -1, reverse)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_logcumsumexp_backward_two_byte_rows_moved_whole(device, dtype, rng):
+    # On CUDA, where dy, x, y and dx all lie on 16-byte boundaries, each run
+    # of eight is read and written as one vector per array, the rows kernel
+    # fetching the next chunk's ahead; the other rows, and runs that cross
+    # the end, go element by element.
+    for shape, _ in TWO_BYTE_ROWS:
+        x = torch.randn(shape, generator=rng).to(dtype).to(device)
+        dy = torch.randn(shape, generator=rng).to(dtype).to(device)
+        for reverse in (False, True):
+            for xs, dys in [(x, dy), (off_boundary(x), dy), (x, off_boundary(dy))]:
+                got = our_grad("logcumsumexp", xs, -1, reverse, dys)
+                ref = reference_grad("logcumsumexp", xs, -1, reverse, dys)
+                torch.testing.assert_close(got.double().cpu(), ref.cpu(), **tol(dtype, shape[-1]))
 
 
 @pytest.mark.parametrize("name", EXTREME)

@@ -83,19 +83,20 @@ __global__ void __launch_bounds__(kScanBlock, kRowsBlocksPerSm<Op>)
     }
     if constexpr (kMayLoadDirect<Op>) {
       if (chunks_go_direct(op, line)) {
-        // A direct run is 16 bytes in 4 registers: the next chunk's are
-        // fetched before this one is scanned. bfloat16 cummax along dim -1
-        // of [4096, 8192], H100: 197 us striped, 172 loaded directly, 151
-        // with the fetch ahead.
+        // A whole run is 16 bytes per input array, 4 registers each: the
+        // next chunk's are fetched before this one is scanned. H100, bfloat16
+        // along dim -1 of [4096, 8192]: cummax 197 us striped, 172 loaded
+        // whole, 151 with the fetch ahead; logcumsumexp backward 193 us
+        // striped, 112 moved whole with the fetch ahead.
         const int64_t lead = int64_t{threadIdx.x} * kScanItems;
-        uint4 next = fetch_whole_run<kScanItems>(op, line, lead);
+        WholeRun<Op> next = fetch_whole_run<kScanItems>(op, line, lead);
         for (int64_t chunk = 0; chunk < len; chunk += kRowChunk) {
-          const uint4 cur = next;
+          const WholeRun<Op> cur = next;
           if (chunk + kRowChunk < len) {
             next = fetch_whole_run<kScanItems>(op, line, chunk + kRowChunk + lead);
           }
           ChunkRegs<Op> r;
-          unpack_whole_run(op, line, chunk + lead, cur, r.blocked);
+          unpack_whole_run(op, line, chunk + lead, cur, r.blocked, r.aux);
           scan_blocked(op, r.blocked, shared, carry);
           store_chunk(op, line, chunk, true, r, shared);
         }
@@ -164,12 +165,17 @@ union LongRowsShared {
 };
 
 // Blocks per SM a long_rows block is compiled for: three for logcumsumexp
-// forward, which left free took 100 registers and ran two; the others are
-// left free (0). Asked for even one block, the compiler takes more
-// registers: float32 cumsum 69 rather than 64, three blocks rather than four,
-// 6 % slower on [1, 16M].
+// forward, which left free took 100 registers and ran two; five for cummax /
+// cummin forward loading whole two-byte runs with int32 positions, which
+// left free took 54 registers and ran four (bfloat16 [1, 16M], H100: 149 ->
+// 138 us); the others are left free (0). Asked for even one block, the
+// compiler takes more registers: float32 cumsum 69 rather than 64, three
+// blocks rather than four, 6 % slower on [1, 16M].
 template <typename Op>
-constexpr int kLongRowsBlocksPerSm = HasRunScan<Op>::value && sizeof(StateOf<Op>) <= 4 ? 3 : 0;
+constexpr int kLongRowsBlocksPerSm =
+    HasRunScan<Op>::value && sizeof(StateOf<Op>) <= 4                   ? 3
+    : ReadsOneArray<Op>::value && kMayLoadDirect<Op> && sizeof(StateOf<Op>) <= 8 ? 5
+                                                                           : 0;
 
 template <typename Op>
 __global__ void __launch_bounds__(kScanBlock, kLongRowsBlocksPerSm<Op>)

@@ -328,10 +328,11 @@ __device__ bool direct_runs_fit(const Op& op, const Line& line) {
 }
 
 // A run that crosses the end of the line, element by element; positions at
-// or past the end hold the identity.
+// or past the end hold the identity. Given `aux` (an array of kItems), an op
+// with an Aux reads those too.
 template <int kItems, typename Op>
 __device__ void load_ragged_run(const Op& op, const Line& line, int64_t first,
-                                StateOf<Op> (&items)[kItems]) {
+                                StateOf<Op> (&items)[kItems], AuxOf<Op>* aux = nullptr) {
 #pragma unroll
   for (int k = 0; k < kItems; ++k) {
     const int64_t p = first + k;
@@ -339,6 +340,9 @@ __device__ void load_ragged_run(const Op& op, const Line& line, int64_t first,
     if (p < line.len) {
       const int64_t l = line.position(p);
       items[k] = op.load(line.base + l, l);
+      if constexpr (AuxTrait<Op>::kHas) {
+        if (aux != nullptr) aux[k] = op.aux(line.base + l, l);
+      }
     }
   }
 }
@@ -390,71 +394,147 @@ __device__ void store_direct(const Op& op, const Line& line, int64_t first,
   }
 }
 
-// Whether an op's load reads one array of its Storage at the element and
-// nothing else (kInputBytes, for_each_input: scan_ops.h), with no Aux and no
-// neighbours: its runs may be read as whole vectors even where its stores
-// cannot be written so (cummax / cummin forward also write int64 indices).
+// Whole runs: a thread's kItems consecutive elements of every input array
+// read as one 16-byte vector per array, and the op's own load (and aux) run
+// on a copy of the op pointed at them in registers (element k at offset k,
+// its axis position as it is), so each state is built as the op builds it.
+// This needs every input to be an array of the op's Storage read at the
+// element alone (no neighbours), and one of two kinds of op:
+// - ReadsOneArray: one input and no Aux (cummax / cummin forward), whose
+//   stores, int64 indices among them, go through the exchange;
+// - kWholeRunIo (scan_ops.h): the output is an array of Storage too, written
+//   a vector per run the same way (logcumsumexp backward).
 template <typename Op, typename = void>
 struct ReadsOneArray : std::false_type {};
 template <typename Op>
 struct ReadsOneArray<Op, std::enable_if_t<Op::kInputBytes == sizeof(typename Op::Storage)>>
     : std::bool_constant<!AuxTrait<Op>::kHas && !ReadsNeighbors<Op>::value> {};
 
-// Whether the input of a ReadsOneArray op lies so that runs of kItems move
-// as 16-byte vectors (as direct_runs_fit, for the input alone).
+template <typename Op, typename = void>
+struct HasWholeRunIo : std::false_type {};
+template <typename Op>
+struct HasWholeRunIo<Op, std::enable_if_t<Op::kWholeRunIo>> : std::true_type {};
+
+template <typename Op>
+constexpr int kInputArrays = Op::kInputBytes / int{sizeof(typename Op::Storage)};
+
+// A run's inputs as fetched, a vector per input array.
+template <typename Op>
+struct WholeRun {
+  uint4 input[kInputArrays<Op>];
+};
+
+// Whether a line's arrays lie so that runs of kItems move as 16-byte
+// vectors (as direct_runs_fit): unit stride, every input (and for
+// kWholeRunIo the output) aligned at the direction's anchor.
 template <int kItems, typename Op>
-__device__ bool input_runs_fit(const Op& op, const Line& line) {
+__device__ bool whole_runs_fit(const Op& op, const Line& line) {
   static_assert(kDirectRuns<kItems, Op>, "a direct run is one 16-byte vector");
   const int64_t anchor = line.reverse ? line.base + line.len : line.base;
   bool fit = line.stride == 1;
-  op.for_each_input(
-      [&](const auto* p) { fit = fit && reinterpret_cast<uintptr_t>(p + anchor) % 16 == 0; });
+  const auto aligned = [&](const auto* p) {
+    fit = fit && reinterpret_cast<uintptr_t>(p + anchor) % 16 == 0;
+  };
+  op.for_each_input(aligned);
+  if constexpr (HasWholeRunIo<Op>::value) op.for_each_output(aligned);
   return fit;
 }
 
-// load_direct for a ReadsOneArray op, in two steps so that a caller may
-// fetch the next run before it scans this one: fetch_whole_run reads the
-// run's vector (nothing for a run that crosses the end), unpack_whole_run
-// puts it in registers in scan order and runs the op's own load on a copy
-// of the op pointed there (element k at offset k, its axis position as it
-// is), so each state is built as the op builds it; a run that crosses the
-// end is loaded element by element.
-template <int kItems, typename Op>
-__device__ uint4 fetch_whole_run(const Op& op, const Line& line, int64_t first) {
-  using T = typename Op::Storage;
-  uint4 u{};
-  if (first + kItems <= line.len) {
-    const int64_t lowest = line.reverse ? line.len - first - kItems : first;
-    const T* src = nullptr;
-    op.for_each_input([&](const T* p) { src = p; });
-    u = *reinterpret_cast<const uint4*>(src + line.base + lowest);
+// Where run [first, first + kItems) starts in memory (its lowest offset).
+template <int kItems>
+__device__ int64_t whole_run_at(const Line& line, int64_t first) {
+  return line.base + (line.reverse ? line.len - first - kItems : first);
+}
+
+// Reverses a run in registers (memory order <-> scan order).
+template <int kItems, typename T>
+__device__ void reverse_run(T (&v)[kItems]) {
+#pragma unroll
+  for (int k = 0; k < kItems / 2; ++k) {
+    const T t = v[k];
+    v[k] = v[kItems - 1 - k];
+    v[kItems - 1 - k] = t;
   }
-  return u;
+}
+
+// Loads in two steps, so that a caller may fetch the next run before it
+// scans this one: fetch_whole_run reads the vectors (nothing for a run that
+// crosses the end), unpack_whole_run builds the states (and auxes), loading
+// a run that crosses the end element by element.
+template <int kItems, typename Op>
+__device__ WholeRun<Op> fetch_whole_run(const Op& op, const Line& line, int64_t first) {
+  using T = typename Op::Storage;
+  WholeRun<Op> run{};
+  if (first + kItems <= line.len) {
+    const int64_t at = whole_run_at<kItems>(line, first);
+    int a = 0;
+    op.for_each_input(
+        [&](const T* p) { run.input[a++] = *reinterpret_cast<const uint4*>(p + at); });
+  }
+  return run;
 }
 
 template <int kItems, typename Op>
-__device__ void unpack_whole_run(const Op& op, const Line& line, int64_t first, const uint4& u,
-                                 StateOf<Op> (&items)[kItems]) {
+__device__ void unpack_whole_run(const Op& op, const Line& line, int64_t first,
+                                 const WholeRun<Op>& run, StateOf<Op> (&items)[kItems],
+                                 AuxOf<Op> (&aux)[kItems]) {
   using T = typename Op::Storage;
   if (first + kItems <= line.len) {
-    T in_order[kItems];
-    memcpy(in_order, &u, sizeof(u));
-    if (line.reverse) {
+    T in_order[kInputArrays<Op>][kItems];
 #pragma unroll
-      for (int k = 0; k < kItems / 2; ++k) {
-        const T t = in_order[k];
-        in_order[k] = in_order[kItems - 1 - k];
-        in_order[kItems - 1 - k] = t;
-      }
+    for (int a = 0; a < kInputArrays<Op>; ++a) {
+      memcpy(in_order[a], &run.input[a], sizeof(uint4));
+      if (line.reverse) reverse_run(in_order[a]);
     }
     Op view = op;
-    view.for_each_input([&](const T*& p) { p = in_order; });
+    int a = 0;
+    view.for_each_input([&](const T*& p) { p = in_order[a++]; });
     LineWalk w = LineWalk::from<kItems>(line, first, line.len);
 #pragma unroll
-    for (int k = 0; k < kItems; ++k, w.advance()) items[k] = view.load(k, w.l);
+    for (int k = 0; k < kItems; ++k, w.advance()) {
+      items[k] = view.load(k, w.l);
+      if constexpr (AuxTrait<Op>::kHas) aux[k] = view.aux(k, w.l);
+    }
     return;
   }
-  load_ragged_run(op, line, first, items);
+  load_ragged_run(op, line, first, items, aux);
+}
+
+// Stores a kWholeRunIo op's run: its outputs gathered in registers by the
+// op's own store on a copy pointed there, then written as one vector; a run
+// that crosses the end is stored element by element.
+template <int kItems, typename Op>
+__device__ void store_whole_run(const Op& op, const Line& line, int64_t first,
+                                const StateOf<Op> (&incl)[kItems],
+                                const AuxOf<Op> (&aux)[kItems]) {
+  using T = typename Op::Storage;
+  const auto store_one = [](const Op& o, int64_t off, int64_t l, const StateOf<Op>& state,
+                            const AuxOf<Op>& x) {
+    if constexpr (AuxTrait<Op>::kHas) {
+      o.store_with(off, l, state, x);
+    } else {
+      o.store(off, l, state);
+    }
+  };
+  LineWalk w = LineWalk::from<kItems>(line, first, line.len);
+  if (first + kItems <= line.len) {
+    T out[kItems];
+    Op view = op;
+    view.for_each_output([&](T*& p) { p = out; });
+#pragma unroll
+    for (int k = 0; k < kItems; ++k, w.advance()) store_one(view, k, w.l, incl[k], aux[k]);
+    if (line.reverse) reverse_run(out);
+    T* dst = nullptr;
+    op.for_each_output([&](T* p) { dst = p; });
+    uint4 u;
+    memcpy(&u, out, sizeof(u));
+    *reinterpret_cast<uint4*>(dst + whole_run_at<kItems>(line, first)) = u;
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < kItems; ++k, w.advance()) {
+    if (k < w.valid) store_one(op, w.off, w.l, incl[k], aux[k]);
+  }
 }
 
 // Shared memory of a rows block: the block scan and the striped <-> blocked
@@ -504,12 +584,16 @@ __device__ void scan_blocked(const Op& op, StateOf<Op> (&blocked)[kScanItems],
 template <typename Op>
 constexpr bool kMayGoDirect = HasPlainIo<Op>::value && kDirectRuns<kScanItems, Op>;
 
-// Whether scan_chunk may load an op's runs directly, storing them through
-// the exchange. For bfloat16 cummax along dim -1 of [4096, 8192] this drops
-// the load exchange of 8-byte states and seven of every eight loads.
+// Whether scan_chunk may load an op's runs whole, storing them through the
+// exchange (ReadsOneArray) or whole too (kMayStoreWhole). For bfloat16
+// cummax along dim -1 of [4096, 8192] this drops the load exchange of 8-byte
+// states and seven of every eight loads.
 template <typename Op>
 constexpr bool kMayLoadDirect =
-    !kMayGoDirect<Op> && ReadsOneArray<Op>::value && kDirectRuns<kScanItems, Op>;
+    !kMayGoDirect<Op> && (ReadsOneArray<Op>::value || HasWholeRunIo<Op>::value) &&
+    kDirectRuns<kScanItems, Op>;
+template <typename Op>
+constexpr bool kMayStoreWhole = kMayLoadDirect<Op> && HasWholeRunIo<Op>::value;
 
 // Whether the chunks of a line are loaded directly (and, for kMayGoDirect
 // ops, stored so): the same for every thread.
@@ -518,7 +602,7 @@ __device__ bool chunks_go_direct(const Op& op, const Line& line) {
   if constexpr (kMayGoDirect<Op>) {
     return direct_runs_fit<kScanItems>(op, line);
   } else if constexpr (kMayLoadDirect<Op>) {
-    return input_runs_fit<kScanItems>(op, line);
+    return whole_runs_fit<kScanItems>(op, line);
   } else {
     return false;
   }
@@ -539,10 +623,11 @@ struct ChunkRegs {
 // t: every warp access is one contiguous run), the scan runs blocked, the two
 // arrangements being exchanged through shared memory -- except for PlainIo
 // ops on aligned rows whose runs are one 16-byte vector (kDirectRuns): those
-// move directly (kMayGoDirect), and ops that read one such array load
-// directly and store striped (kMayLoadDirect). A chunk goes through load_chunk (issues its loads),
-// arrange_chunk (blocked states in r.blocked), a scan of r.blocked, and
-// store_chunk; the steps of several chunks may interleave, all loads first.
+// move directly (kMayGoDirect), and the ops with whole runs (kMayLoadDirect)
+// load directly and store striped, or directly too (kMayStoreWhole). A
+// chunk goes through load_chunk (issues its loads), arrange_chunk (blocked
+// states in r.blocked), a scan of r.blocked, and store_chunk; the steps of
+// several chunks may interleave, all loads first.
 template <typename Op>
 __device__ void load_chunk(const Op& op, const Line& line, int64_t chunk, bool direct,
                            ChunkRegs<Op>& r) {
@@ -555,7 +640,8 @@ __device__ void load_chunk(const Op& op, const Line& line, int64_t chunk, bool d
   if constexpr (kMayLoadDirect<Op>) {
     if (direct) {
       const int64_t first = chunk + int64_t{threadIdx.x} * kScanItems;
-      unpack_whole_run(op, line, first, fetch_whole_run<kScanItems>(op, line, first), r.blocked);
+      unpack_whole_run(op, line, first, fetch_whole_run<kScanItems>(op, line, first), r.blocked,
+                       r.aux);
       return;
     }
   }
@@ -590,6 +676,12 @@ __device__ void store_chunk(const Op& op, const Line& line, int64_t chunk, bool 
   if constexpr (kMayGoDirect<Op>) {
     if (direct) {
       store_direct(op, line, chunk + int64_t{threadIdx.x} * kScanItems, r.blocked);
+      return;
+    }
+  }
+  if constexpr (kMayStoreWhole<Op>) {
+    if (direct) {
+      store_whole_run(op, line, chunk + int64_t{threadIdx.x} * kScanItems, r.blocked, r.aux);
       return;
     }
   }

@@ -21,6 +21,12 @@
 // its copy; it also has a member `interior`, which an engine may set on a
 // copy it hands only positions that are neither the first nor the last of
 // the scan, so that the op skips its tests for the axis ends.
+// An op whose inputs are all arrays of its Storage, read at the element
+// alone, and whose store writes one more such array at the element and no
+// other memory (kWholeRunIo) names it too: for_each_output(f) calls f on
+// that pointer member, by reference. An engine may then move a thread's run
+// of each array as one vector and run load, aux and store on a copy of the
+// op pointed at registers (scan_block.cuh).
 //
 // Compiled for host and device: the CPU engine and the CUDA engine run the
 // very same functors. T is the storage type, Acc the accumulation type
@@ -402,6 +408,8 @@ struct GradWithSaved {
   static constexpr int kInputBytes = 3 * sizeof(T);
   template <typename F> BHD void for_each_input(F&& f) { f(dy), f(x), f(y); }
   template <typename F> BHD void for_each_input(F&& f) const { f(dy), f(x), f(y); }
+  template <typename F> BHD void for_each_output(F&& f) { f(dx); }
+  template <typename F> BHD void for_each_output(F&& f) const { f(dx); }
 };
 
 // cumsum: dx (dst) = reverse cumsum of dy (src).
@@ -468,6 +476,7 @@ struct LogcumsumexpBackward : ScaledSumCombine<Acc>, GradWithSaved<T> {
   using State = ScaledSum<Acc>;
   using Storage = T;
   static constexpr bool kRunScan = true;
+  static constexpr bool kWholeRunIo = true;  // dy, x, y in, dx out, at the element
   using TotalCombine = ScaledSumCombine<Acc>;
   struct RunMemo {
     Acc hi;     // the run's largest exponent
