@@ -37,6 +37,18 @@ struct AuxTrait<Op, std::void_t<typename Op::Aux>> {
 template <typename Op>
 using AuxOf = typename AuxTrait<Op>::type;
 
+// Stores an element's inclusive state: with what the store reads besides it
+// (loaded earlier by the caller) where the op has an Aux.
+template <typename Op>
+__device__ void store_state(const Op& op, int64_t off, int64_t l, const typename Op::State& incl,
+                            const AuxOf<Op>& aux) {
+  if constexpr (AuxTrait<Op>::kHas) {
+    op.store_with(off, l, incl, aux);
+  } else {
+    op.store(off, l, incl);
+  }
+}
+
 // Whether an op scans a thread's run itself (kRunScan: run_total and
 // scan_run, scan_ops.h) rather than by one combine per element.
 template <typename Op, typename = void>
@@ -508,21 +520,13 @@ __device__ void store_whole_run(const Op& op, const Line& line, int64_t first,
                                 const StateOf<Op> (&incl)[kItems],
                                 const AuxOf<Op> (&aux)[kItems]) {
   using T = typename Op::Storage;
-  const auto store_one = [](const Op& o, int64_t off, int64_t l, const StateOf<Op>& state,
-                            const AuxOf<Op>& x) {
-    if constexpr (AuxTrait<Op>::kHas) {
-      o.store_with(off, l, state, x);
-    } else {
-      o.store(off, l, state);
-    }
-  };
   LineWalk w = LineWalk::from<kItems>(line, first, line.len);
   if (first + kItems <= line.len) {
     T out[kItems];
     Op view = op;
     view.for_each_output([&](T*& p) { p = out; });
 #pragma unroll
-    for (int k = 0; k < kItems; ++k, w.advance()) store_one(view, k, w.l, incl[k], aux[k]);
+    for (int k = 0; k < kItems; ++k, w.advance()) store_state(view, k, w.l, incl[k], aux[k]);
     if (line.reverse) reverse_run(out);
     T* dst = nullptr;
     op.for_each_output([&](T* p) { dst = p; });
@@ -533,7 +537,7 @@ __device__ void store_whole_run(const Op& op, const Line& line, int64_t first,
   }
 #pragma unroll
   for (int k = 0; k < kItems; ++k, w.advance()) {
-    if (k < w.valid) store_one(op, w.off, w.l, incl[k], aux[k]);
+    if (k < w.valid) store_state(op, w.off, w.l, incl[k], aux[k]);
   }
 }
 
@@ -692,11 +696,7 @@ __device__ void store_chunk(const Op& op, const Line& line, int64_t chunk, bool 
     const int64_t p = chunk + int64_t(k) * kScanBlock + threadIdx.x;
     if (p < line.len) {
       const int64_t l = line.position(p);
-      if constexpr (AuxTrait<Op>::kHas) {
-        op.store_with(line.base + l, l, r.blocked[k], r.aux[k]);
-      } else {
-        op.store(line.base + l, l, r.blocked[k]);
-      }
+      store_state(op, line.base + l, l, r.blocked[k], r.aux[k]);
     }
   }
 }

@@ -398,7 +398,8 @@ struct ExtremeForward : ExtremeCombine<Acc, Pos, kMax> {
 // Each runs in the opposite direction of its forward scan.
 
 // The gradient in and out, and the saved forward input and output; the
-// three inputs are named for the engines that stage them (scan_strips.cuh).
+// three inputs and the output are named for the engines that stage them
+// (scan_strips.cuh) or move them as whole runs (kWholeRunIo, scan_block.cuh).
 template <typename T>
 struct GradWithSaved {
   const T* dy;

@@ -77,11 +77,7 @@ __device__ void finish_strip_step(const Op& op, const Line& line, int64_t first,
   // store reads besides the state.
   LineWalk w = LineWalk::from<K>(line, first, p_end);
   const auto store = [&](int k, const State& incl) {
-    if constexpr (AuxTrait<Op>::kHas) {
-      op.store_with(w.off, w.l, incl, cur_aux[k]);
-    } else {
-      op.store(w.off, w.l, incl);
-    }
+    store_state(op, w.off, w.l, incl, cur_aux[k]);
   };
   if constexpr (HasRunScan<Op>::value) {
     // The run scan leaves the inclusive states in cur.
