@@ -50,11 +50,16 @@ template <typename Acc> BHD bool is_nan(Acc v) { return v != v; }
 // Neither infinite nor NaN.
 template <typename Acc> BHD bool is_finite(Acc v) { return v - v == Acc(0); }
 
-// log(s) for s > 0 of moderate size (a sum of weights). On the GPU (float):
-// log2 by the bare instruction (absolute error ~2^-22), times ln 2.
+// log(s) for s > 0 of moderate size (a sum of weights, never subnormal). On
+// the GPU (float): log2 by the bare instruction (absolute error ~2^-22), in
+// its flush-to-zero form (the other form tests for subnormal inputs and
+// scales them, at every call), times ln 2. H100, float32 logcumsumexp
+// forward along dim -1 of [4096, 8192]: 110 -> 108 us.
 BHD inline float log_of(float s) {
 #ifdef __CUDA_ARCH__
-  return __log2f(s) * 0.693147181f;
+  float log2_s;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(log2_s) : "f"(s));
+  return log2_s * 0.693147181f;
 #else
   return logf(s);
 #endif

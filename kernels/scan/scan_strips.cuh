@@ -82,20 +82,12 @@ __device__ void finish_strip_step(const Op& op, const Line& line, int64_t first,
   if constexpr (HasRunScan<Op>::value) {
     // The run scan leaves the inclusive states in cur.
     op.scan_run(prefix, cur, memo);
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      if (k < w.valid) store(k, cur[k]);
-      w.advance();
-    }
+    w.for_each_valid<K, kWholeRunPath<Op>>([&](int k) { store(k, cur[k]); });
   } else {
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      if (k < w.valid) {
-        prefix = op.combine(prefix, cur[k]);
-        store(k, prefix);
-      }
-      w.advance();
-    }
+    w.for_each_valid<K, kWholeRunPath<Op>>([&](int k) {
+      prefix = op.combine(prefix, cur[k]);
+      store(k, prefix);
+    });
   }
 }
 
@@ -328,14 +320,11 @@ __global__ void __launch_bounds__(kStripBlock, kLaneColumns<Op> == 2 ? 1 : 2)
         // backward from 197 to 194 us, cost bfloat16 111 -> 113.)
         LineWalk walk = LineWalk::from<K>(Line{0, 0, s.len, reverse}, first, p_end);
 #pragma unroll
-        for (int k = 0; k < K; ++k) {
-          cur[j][k] = op.identity();
-          if (k < walk.valid) {
-            cur[j][k] = view.load(k * W + column, walk.l);
-            if constexpr (AuxTrait<Op>::kHas) cur_aux[j][k] = view.aux(k * W + column, walk.l);
-          }
-          walk.advance();
-        }
+        for (int k = 0; k < K; ++k) cur[j][k] = op.identity();
+        walk.for_each_valid<K, kWholeRunPath<Op>>([&](int k) {
+          cur[j][k] = view.load(k * W + column, walk.l);
+          if constexpr (AuxTrait<Op>::kHas) cur_aux[j][k] = view.aux(k * W + column, walk.l);
+        });
         totals[step % 2][warp][column] = fold_run(op, cur[j], memo[j]);
       }
       __syncthreads();
