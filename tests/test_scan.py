@@ -438,6 +438,16 @@ def test_extreme_forward_two_byte_rows_loaded_whole(device, dtype, name, rng):
             check(name, off_boundary(x), -1, reverse)
 
 
+def check_grad_along_rows(name, x, dy):
+    """Our gradient along dim -1 against the float64 reference, both ways, on
+    the inputs as given and with x or dy moved off a 16-byte boundary."""
+    for reverse in (False, True):
+        for xs, dys in [(x, dy), (off_boundary(x), dy), (x, off_boundary(dy))]:
+            got = our_grad(name, xs, -1, reverse, dys)
+            ref = reference_grad(name, xs, -1, reverse, dys)
+            torch.testing.assert_close(got.double().cpu(), ref.cpu(), **tol(x.dtype, x.shape[-1]))
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_logcumsumexp_backward_two_byte_rows_moved_whole(device, dtype, rng):
     # On CUDA, where dy, x, y and dx all lie on 16-byte boundaries, each run
@@ -447,11 +457,23 @@ def test_logcumsumexp_backward_two_byte_rows_moved_whole(device, dtype, rng):
     for shape, _ in TWO_BYTE_ROWS:
         x = torch.randn(shape, generator=rng).to(dtype).to(device)
         dy = torch.randn(shape, generator=rng).to(dtype).to(device)
-        for reverse in (False, True):
-            for xs, dys in [(x, dy), (off_boundary(x), dy), (x, off_boundary(dy))]:
-                got = our_grad("logcumsumexp", xs, -1, reverse, dys)
-                ref = reference_grad("logcumsumexp", xs, -1, reverse, dys)
-                torch.testing.assert_close(got.double().cpu(), ref.cpu(), **tol(dtype, shape[-1]))
+        check_grad_along_rows("logcumsumexp", x, dy)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_cumprod_backward_two_byte_rows_moved_whole(device, dtype, rng):
+    # On CUDA, aligned rows move runs of eight of dy, x, y and dx as vectors;
+    # cumprod backward also reads x one scan position before each element and
+    # y one after, which at a run's ends lie in the neighbouring runs. Zeros
+    # straddle a run boundary mid-row: the gradient stays exact on both sides
+    # of them, in either direction.
+    for shape, _ in TWO_BYTE_ROWS:
+        x = 1 + 0.05 * torch.randn(shape, generator=rng, dtype=torch.float64)
+        mid = shape[-1] // 16 * 8
+        x[:, [mid - 1, mid, mid + 31]] = 0
+        x = x.to(dtype).to(device)
+        dy = torch.randn(shape, generator=rng).to(dtype).to(device)
+        check_grad_along_rows("cumprod", x, dy)
 
 
 @pytest.mark.parametrize("name", EXTREME)

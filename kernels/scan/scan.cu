@@ -37,13 +37,13 @@ using namespace scan;
 // at five (eight: 151.6 -> 159.6 us). 16-byte states (float64, int64
 // positions) run three.
 //
-// cumprod backward (8-byte states, three inputs) runs three for float32 data
-// and four for two-byte data: [4096, 8192] float32 took 183 us with three
-// and 198 with four (which spills), bfloat16 267 with three and 222 with
-// four.
+// cumprod backward (8-byte states, three inputs) runs three: [4096, 8192]
+// float32 took 183 us with three and 198 with four (which spills); bfloat16,
+// moving whole runs with their neighbours, 97 with three and 111 with four
+// (a 108-byte spill).
 template <typename Op>
 constexpr int kRowsBlocksPerSm =
-    ReadsNeighbors<Op>::value && sizeof(typename Op::Storage) == 4 ? 3
+    ReadsNeighbors<Op>::value                                      ? 3
     : kMayGoDirect<Op> && !HasRunScan<Op>::value                   ? 8
     : sizeof(StateOf<Op>) <= 4                                     ? 5
     : sizeof(StateOf<Op>) <= 8                                     ? 4
@@ -87,7 +87,8 @@ __global__ void __launch_bounds__(kScanBlock, kRowsBlocksPerSm<Op>)
         // next chunk's are fetched before this one is scanned. H100, bfloat16
         // along dim -1 of [4096, 8192]: cummax 197 us striped, 172 loaded
         // whole, 151 with the fetch ahead; logcumsumexp backward 193 us
-        // striped, 112 moved whole with the fetch ahead.
+        // striped, 112 moved whole with the fetch ahead; cumprod backward
+        // 186 striped, 97 moved whole with its neighbours.
         const int64_t lead = int64_t{threadIdx.x} * kScanItems;
         WholeRun<Op> next = fetch_whole_run<kScanItems>(op, line, lead);
         for (int64_t chunk = 0; chunk < len; chunk += kRowChunk) {

@@ -430,12 +430,17 @@ __device__ void store_direct(const Op& op, const Line& line, int64_t first,
 // read as one 16-byte vector per array, and the op's own load (and aux) run
 // on a copy of the op pointed at them in registers (element k at offset k,
 // its axis position as it is), so each state is built as the op builds it.
-// This needs every input to be an array of the op's Storage read at the
-// element alone (no neighbours), and one of two kinds of op:
-// - ReadsOneArray: one input and no Aux (cummax / cummin forward), whose
-//   stores, int64 indices among them, go through the exchange;
+// This needs every input to be an array of the op's Storage, and one of two
+// kinds of op:
+// - ReadsOneArray: one input read at the element alone and no Aux (cummax /
+//   cummin forward), whose stores, int64 indices among them, go through the
+//   exchange;
 // - kWholeRunIo (scan_ops.h): the output is an array of Storage too, written
-//   a vector per run the same way (logcumsumexp backward).
+//   a vector per run the same way (logcumsumexp backward). One that reads
+//   its neighbours (cumprod backward) also gets each input at the scan
+//   positions just before and just after the run, read one element each
+//   (next to the vectors other threads read, so from cache), and sees the
+//   registers with a scan step of one.
 template <typename Op, typename = void>
 struct ReadsOneArray : std::false_type {};
 template <typename Op>
@@ -450,10 +455,24 @@ struct HasWholeRunIo<Op, std::enable_if_t<Op::kWholeRunIo>> : std::true_type {};
 template <typename Op>
 constexpr int kInputArrays = Op::kInputBytes / int{sizeof(typename Op::Storage)};
 
-// A run's inputs as fetched, a vector per input array.
+// Each input at the scan positions just before and just after a run, for
+// ops that read their neighbours (kRunHalo of them each side).
+template <typename T, int kArrays>
+struct RunNeighbors {
+  T before[kArrays];
+  T after[kArrays];
+};
+template <typename T>
+struct RunNeighbors<T, 0> {};
+
+template <typename Op>
+constexpr int kRunHalo = ReadsNeighbors<Op>::value ? 1 : 0;
+
+// A run's inputs as fetched, a vector per input array (and its neighbours).
 template <typename Op>
 struct WholeRun {
   uint4 input[kInputArrays<Op>];
+  RunNeighbors<typename Op::Storage, kRunHalo<Op> ? kInputArrays<Op> : 0> halo;
 };
 
 // Whether a line's arrays lie so that runs of kItems move as 16-byte
@@ -502,6 +521,19 @@ __device__ WholeRun<Op> fetch_whole_run(const Op& op, const Line& line, int64_t 
     int a = 0;
     op.for_each_input(
         [&](const T* p) { run.input[a++] = *reinterpret_cast<const uint4*>(p + at); });
+    if constexpr (kRunHalo<Op> > 0) {
+      // Past an end of the axis the op reads nothing (it tests for the ends).
+      const bool has_before = first > 0;
+      const bool has_after = first + kItems < line.len;
+      const int64_t before = line.base + line.position(has_before ? first - 1 : first);
+      const int64_t after = line.base + line.position(has_after ? first + kItems : first);
+      a = 0;
+      op.for_each_input([&](const T* p) {
+        run.halo.before[a] = has_before ? p[before] : T{};
+        run.halo.after[a] = has_after ? p[after] : T{};
+        ++a;
+      });
+    }
   }
   return run;
 }
@@ -511,22 +543,34 @@ __device__ void unpack_whole_run(const Op& op, const Line& line, int64_t first,
                                  const WholeRun<Op>& run, StateOf<Op> (&items)[kItems],
                                  AuxOf<Op> (&aux)[kItems]) {
   using T = typename Op::Storage;
+  constexpr int H = kRunHalo<Op>;
   if (first + kItems <= line.len) {
-    T in_order[kInputArrays<Op>][kItems];
+    // Scan position first + k of input a at in_order[a][H + k].
+    T in_order[kInputArrays<Op>][kItems + 2 * H];
 #pragma unroll
     for (int a = 0; a < kInputArrays<Op>; ++a) {
-      memcpy(in_order[a], &run.input[a], sizeof(uint4));
-      if (line.reverse) reverse_run(in_order[a]);
-    }
-    Op view = op;
-    int a = 0;
-    view.for_each_input([&](const T*& p) { p = in_order[a++]; });
-    LineWalk w = LineWalk::from<kItems>(line, first, line.len);
+      T run_in_memory_order[kItems];
+      memcpy(run_in_memory_order, &run.input[a], sizeof(uint4));
+      if (line.reverse) reverse_run(run_in_memory_order);
 #pragma unroll
-    for (int k = 0; k < kItems; ++k, w.advance()) {
-      items[k] = view.load(k, w.l);
-      if constexpr (AuxTrait<Op>::kHas) aux[k] = view.aux(k, w.l);
+      for (int k = 0; k < kItems; ++k) in_order[a][H + k] = run_in_memory_order[k];
+      if constexpr (H > 0) {
+        in_order[a][0] = run.halo.before[a];
+        in_order[a][H + kItems] = run.halo.after[a];
+      }
     }
+    with_interior_hint(op, first, first + kItems - 1, line.len, [&](const Op& o) {
+      Op view = o;
+      int a = 0;
+      view.for_each_input([&](const T*& p) { p = in_order[a++] + H; });
+      if constexpr (H > 0) view.scan_step = 1;
+      LineWalk w = LineWalk::from<kItems>(line, first, line.len);
+#pragma unroll
+      for (int k = 0; k < kItems; ++k, w.advance()) {
+        items[k] = view.load(k, w.l);
+        if constexpr (AuxTrait<Op>::kHas) aux[k] = view.aux(k, w.l);
+      }
+    });
     return;
   }
   load_ragged_run(op, line, first, items, aux);

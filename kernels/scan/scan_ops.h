@@ -22,11 +22,12 @@
 // copy it hands only positions that are neither the first nor the last of
 // the scan, so that the op skips its tests for the axis ends.
 // An op whose inputs are all arrays of its Storage, read at the element
-// alone, and whose store writes one more such array at the element and no
-// other memory (kWholeRunIo) names it too: for_each_output(f) calls f on
-// that pointer member, by reference. An engine may then move a thread's run
-// of each array as one vector and run load, aux and store on a copy of the
-// op pointed at registers (scan_block.cuh).
+// (and, with kReadsNeighbors, at its neighbours) alone, and whose store
+// writes one more such array at the element and no other memory
+// (kWholeRunIo) names it too: for_each_output(f) calls f on that pointer
+// member, by reference. An engine may then move a thread's run of each array
+// as one vector (with the neighbours around it) and run load, aux and store
+// on a copy of the op pointed at registers (scan_block.cuh).
 //
 // Compiled for host and device: the CPU engine and the CUDA engine run the
 // very same functors. T is the storage type, Acc the accumulation type
@@ -441,6 +442,7 @@ struct CumprodBackward : AffineCombine<Acc>, GradWithSaved<T> {
   using GradWithSaved<T>::y;
   using GradWithSaved<T>::dx;
   static constexpr bool kReadsNeighbors = true;
+  static constexpr bool kWholeRunIo = true;  // dy, x before, y after in; dx out
   int64_t len;
   int64_t scan_step;      // memory offset from a scan position to the next
   bool scan_reverse;      // the backward walks from l = len - 1 down to 0
