@@ -599,10 +599,7 @@ __device__ void store_whole_run(const Op& op, const Line& line, int64_t first,
     *reinterpret_cast<uint4*>(dst + whole_run_at<kItems>(line, first)) = u;
     return;
   }
-#pragma unroll
-  for (int k = 0; k < kItems; ++k, w.advance()) {
-    if (k < w.valid) store_state(op, w.off, w.l, incl[k], aux[k]);
-  }
+  w.for_each_valid<kItems, false>([&](int k) { store_state(op, w.off, w.l, incl[k], aux[k]); });
 }
 
 // Shared memory of a rows block: the block scan and the striped <-> blocked
