@@ -476,6 +476,46 @@ def test_cumprod_backward_two_byte_rows_moved_whole(device, dtype, rng):
         check_grad_along_rows("cumprod", x, dy)
 
 
+# long_rows on CUDA cuts each row into tiles whose totals later tiles fold;
+# two-byte rows move whole 16-byte runs only where the row lies on a 16-byte
+# boundary at the scan direction's anchor (its first element forward, one
+# past its last in reverse). These lengths and shifts (elements past an
+# aligned start) give each direction aligned and shifted rows, a ragged last
+# tile at either end of a row, and several rows in one launch.
+LONG_ROW_LAYOUTS = [((1, 40000), 0), ((1, 40000), 1), ((1, 40003), 0), ((1, 40003), 3),
+                    ((3, 20000), 0), ((3, 20001), 0)]
+
+
+def shifted(t, k):
+    """The same values, contiguous, starting k elements past an aligned start."""
+    flat = torch.empty(t.numel() + k, dtype=t.dtype, device=t.device)
+    flat[k:] = t.reshape(-1)
+    return flat[k:].view(t.shape)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("name", ALL_OPS)
+def test_long_rows_layouts_and_ragged_tiles(device, dtype, name, rng):
+    for shape, k in LONG_ROW_LAYOUTS:
+        assert bt.scan_path(torch.empty(shape, device="meta"), -1) == "long_rows"
+        if name == "cumprod":
+            # Factors near 1 (products stay in range over 40000 of them), and
+            # zeros on both sides of chunk and tile edges and at the row's
+            # ends: the backward reads x and y one position past its own.
+            x = 1 + 0.01 * torch.randn(shape, generator=rng, dtype=torch.float64)
+            x[:, [0, 2047, 2048, 4095, 4096, 6143, 6144, 8191, 8192, shape[-1] - 1]] = 0
+            x = x.to(dtype)
+        else:
+            x = random_input(shape, dtype, "cpu", rng, name)
+        x = shifted(x.to(device), k)
+        dy = shifted(torch.randn(shape, generator=rng).to(dtype).to(device), k)
+        for reverse in (False, True):
+            check(name, x, -1, reverse)
+            got = our_grad(name, x, -1, reverse, dy)
+            ref = reference_grad(name, x, -1, reverse, dy)
+            torch.testing.assert_close(got.double().cpu(), ref.cpu(), **tol(dtype, shape[-1]))
+
+
 @pytest.mark.parametrize("name", EXTREME)
 def test_extreme_backward_goes_to_forward_index(device, name, rng):
     x = torch.tensor([[1.0, 3.0, 3.0, NAN, 5.0, NAN], [2.0, 2.0, 2.0, 1.0, 4.0, 4.0]],
