@@ -259,12 +259,12 @@ def test_backward_every_dtype(device, dtype, name, rng):
             torch.testing.assert_close(got.double().cpu(), ref.cpu(), **t)
 
 
-def off_boundary(t):
-    """The same values, contiguous, starting one element past where an
+def off_boundary(t, k=1):
+    """The same values, contiguous, starting k elements past where an
     allocation (16-byte aligned) starts."""
-    flat = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
-    flat[1:] = t.reshape(-1)
-    return flat[1:].view(t.shape)
+    flat = torch.empty(t.numel() + k, dtype=t.dtype, device=t.device)
+    flat[k:] = t.reshape(-1)
+    return flat[k:].view(t.shape)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
@@ -486,13 +486,6 @@ LONG_ROW_LAYOUTS = [((1, 40000), 0), ((1, 40000), 1), ((1, 40003), 0), ((1, 4000
                     ((3, 20000), 0), ((3, 20001), 0)]
 
 
-def shifted(t, k):
-    """The same values, contiguous, starting k elements past an aligned start."""
-    flat = torch.empty(t.numel() + k, dtype=t.dtype, device=t.device)
-    flat[k:] = t.reshape(-1)
-    return flat[k:].view(t.shape)
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("name", ALL_OPS)
 def test_long_rows_layouts_and_ragged_tiles(device, dtype, name, rng):
@@ -507,8 +500,8 @@ def test_long_rows_layouts_and_ragged_tiles(device, dtype, name, rng):
             x = x.to(dtype)
         else:
             x = random_input(shape, dtype, "cpu", rng, name)
-        x = shifted(x.to(device), k)
-        dy = shifted(torch.randn(shape, generator=rng).to(dtype).to(device), k)
+        x = off_boundary(x.to(device), k)
+        dy = off_boundary(torch.randn(shape, generator=rng).to(dtype).to(device), k)
         for reverse in (False, True):
             check(name, x, -1, reverse)
             got = our_grad(name, x, -1, reverse, dy)
