@@ -386,13 +386,16 @@ def test_logcumsumexp_wide_spans_and_neg_inf_stretches(device, dtype, shape, dim
     # their largest value where all are finite and within 64 of it, and by
     # joins otherwise. A steep trend makes short runs tame and their totals
     # wild; wide noise makes runs wild; stretches of -inf (the first one an
-    # all -inf prefix) send runs and totals to the joins.
+    # all -inf prefix) send runs and totals to the joins. A first element far
+    # below the rest makes the first run wild while the warps' totals stay
+    # close (folded against their largest, an empty prefix first).
     n = shape[dim]
     pos = torch.arange(n, dtype=torch.float64).reshape([n if d == dim % len(shape) else 1
                                                         for d in range(len(shape))])
     noise = torch.randn(shape, generator=rng, dtype=torch.float64)
     inputs = {"trend": (pos % 1000) + noise, "wide": 40.0 * noise,
-              "neg_inf": torch.where((pos // 300) % 2 == 0, -INF, noise)}
+              "neg_inf": torch.where((pos // 300) % 2 == 0, -INF, noise),
+              "far_first": torch.where((pos == 0) | (pos == n - 1), noise - 1000.0, noise)}
     for kind, x in inputs.items():
         x = x.to(dtype).to(device)
         dy = torch.randn(shape, generator=rng).to(dtype).to(device)

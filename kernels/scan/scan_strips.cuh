@@ -52,6 +52,69 @@ template <typename Op>
 constexpr int kStripBlocksPerSm =
     sizeof(typename Op::Storage) <= 2 && sizeof(StateOf<Op>) > 4 ? 1 : 2;
 
+// The in-order fold of `carry` and the warps' totals of a column
+// (totals[w][column]) by something cheaper than joins, where that applies:
+// leaves the fold of those before warp `warp` in `prefix` and the whole fold
+// in `carry`; false, with both untouched, where it does not apply (the
+// caller joins). Scaled sums (scan_ops.h): against the largest exponent M of
+// the nine, where each one is finite and within 64 of M, or the empty run
+// (-inf, whose weight is 0), each s exp(m - M) is a plain float and the fold
+// is a sum -- nine exps side by side where the joins are eight in a chain,
+// each waiting for the one before. The sum runs in warp order, so the result
+// depends on the data alone.
+//
+// Only logcumsumexp forward takes it. H100, [4096, 8192] along dim 0,
+// launcher timer: bfloat16 66.8 -> 61.3 us, float32 118.0 -> 116.5; the
+// backward ran slower (bfloat16 111.3 -> 118.7 us, float32 193.0 -> 196.1).
+template <typename Op>
+constexpr bool kFoldWarpsByReference = HasRunScan<Op>::value && HasPlainIo<Op>::value;
+
+template <int kWarps, int kWidth, typename T>
+__device__ bool fold_warps_by_reference(const T (&)[kWarps][kWidth], int, int, T&, T&) {
+  return false;
+}
+template <int kWarps, int kWidth>
+__device__ bool fold_warps_by_reference(const ScaledSum<float> (&totals)[kWarps][kWidth],
+                                        int column, int warp, ScaledSum<float>& prefix,
+                                        ScaledSum<float>& carry) {
+  ScaledSum<float> t[kWarps];
+  float top = carry.m;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    t[w] = totals[w][column];
+    top = fmaxf(top, t[w].m);
+  }
+  // fmaxf passes over NaN, which fails the window test below.
+  const auto in_window = [&](float m) { return m == -INFINITY || m >= top - 64.f; };
+  bool fits = is_finite(top) && in_window(carry.m);
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) fits = fits && in_window(t[w].m);
+  if (!fits) return false;
+  float sum = carry.s * exp_nonpositive(carry.m - top);
+  float before = sum;
+  // The largest exponent so far, and the one before warp `warp`.
+  float high = carry.m;
+  float before_high = high;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    if (w == warp) {
+      before = sum;
+      before_high = high;
+    }
+    sum = fmaf(t[w].s, exp_nonpositive(t[w].m - top), sum);
+    high = fmaxf(high, t[w].m);
+  }
+  // The prefix keeps its own largest exponent, as the joins leave it: scaled
+  // to M, the terms the run scan joins to it later would be taken against M,
+  // and those far below it lost (an empty prefix would swallow the whole run).
+  prefix = before_high == -INFINITY
+               ? ScaledSum<float>{-INFINITY, 0.f}
+               : ScaledSum<float>{before_high,
+                                  __fdividef(before, exp_nonpositive(before_high - top))};
+  carry = {top, sum};
+  return true;
+}
+
 // One step of a strip, for one column of a thread: the thread has its K
 // positions of the step in `cur` (identity past p_end; as fold_run left them,
 // with `memo`) and each warp's total of them is in totals[warp][column] (a
@@ -68,10 +131,14 @@ __device__ void finish_strip_step(const Op& op, const Line& line, int64_t first,
   const TotalsOf<Op> joins = totals_of(op);
   const int warp = threadIdx.x / 32;
   TotalOf<Op> prefix = carry;
+  const bool folded =
+      kFoldWarpsByReference<Op> && fold_warps_by_reference(totals, column, warp, prefix, carry);
+  if (!folded) {
 #pragma unroll
-  for (int w = 0; w < kWarps; ++w) {
-    if (w == warp) prefix = carry;
-    carry = joins.combine(carry, totals[w][column]);
+    for (int w = 0; w < kWarps; ++w) {
+      if (w == warp) prefix = carry;
+      carry = joins.combine(carry, totals[w][column]);
+    }
   }
   // Stores position k of the step (the walk's current one), with what the
   // store reads besides the state.
