@@ -379,6 +379,19 @@ __device__ void load_ragged_run(const Op& op, const Line& line, int64_t first,
   }
 }
 
+// Stores a run of 16 bytes of elements as one vector. Written as a plain
+// uint4 store, the compiler split it into four of four bytes each
+// (st.global.v2.u16 or .u32), every instruction writing a quarter of each
+// sector it touched; __stwb is the same store (write-back) as one vector
+// instruction.
+template <typename T, int kItems>
+__device__ void store_vector(T* at, const T (&run)[kItems]) {
+  static_assert(kItems * sizeof(T) == 16, "a run is one 16-byte vector");
+  uint4 u;
+  memcpy(&u, run, sizeof(u));
+  __stwb(reinterpret_cast<uint4*>(at), u);
+}
+
 // Loads the run of scan positions [first, first + kItems) into items, in
 // scan order; positions at or past the end hold the identity.
 template <int kItems, typename Op>
@@ -411,9 +424,7 @@ __device__ void store_direct(const Op& op, const Line& line, int64_t first,
     for (int k = 0; k < kItems; ++k) {
       raw[line.reverse ? kItems - 1 - k : k] = from_acc<T>(incl[k]);
     }
-    uint4 u;
-    memcpy(&u, raw, sizeof(u));
-    *reinterpret_cast<uint4*>(op.dst + line.base + lowest) = u;
+    store_vector(op.dst + line.base + lowest, raw);
     return;
   }
 #pragma unroll
@@ -594,9 +605,7 @@ __device__ void store_whole_run(const Op& op, const Line& line, int64_t first,
     if (line.reverse) reverse_run(out);
     T* dst = nullptr;
     op.for_each_output([&](T* p) { dst = p; });
-    uint4 u;
-    memcpy(&u, out, sizeof(u));
-    *reinterpret_cast<uint4*>(dst + whole_run_at<kItems>(line, first)) = u;
+    store_vector(dst + whole_run_at<kItems>(line, first), out);
     return;
   }
   w.for_each_valid<kItems, false>([&](int k) { store_state(op, w.off, w.l, incl[k], aux[k]); });
