@@ -418,6 +418,24 @@ def test_logcumsumexp_wide_spans_and_neg_inf_stretches(device, dtype, shape, dim
                                        rtol=t["rtol"] + slack)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("shape,dim,path", ONE_PER_PATH, ids=lambda v: str(v))
+def test_logcumsumexp_nan_and_inf_inside_runs(device, dtype, shape, dim, path, rng):
+    # On CUDA a thread's run is scanned against its largest element where
+    # that is finite and the first element within 64 of it: a -inf or a NaN
+    # further in stays on that path, where the -inf weighs 0 and the NaN
+    # turns every later result NaN. A +inf, or any of them first, sends the
+    # run to the joins. Sparse, so most runs hold one at most.
+    n = shape[dim]
+    pos = torch.arange(n).reshape([n if d == dim % len(shape) else 1 for d in range(len(shape))])
+    x = torch.randn(shape, generator=rng, dtype=torch.float64)
+    for value, every, at in [(-INF, 29, 3), (NAN, 997, 5), (INF, 1999, 11), (-INF, 3001, 0)]:
+        x = torch.where(pos % every == at, value, x)
+    x = x.to(dtype).to(device)
+    for reverse in (False, True):
+        check("logcumsumexp", x, dim, reverse)
+
+
 # Two-byte rows of odd length on the rows path (several chunks) and on
 # long_rows, for the kernels that move whole 16-byte runs.
 TWO_BYTE_ROWS = [((256, 2100), "rows"), ((512, 4101), "rows"), ((3, 20011), "long_rows")]

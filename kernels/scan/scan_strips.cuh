@@ -69,11 +69,13 @@ constexpr int kStripBlocksPerSm =
 template <typename Op>
 constexpr bool kFoldWarpsByReference = HasRunScan<Op>::value && HasPlainIo<Op>::value;
 
-template <int kWarps, int kWidth, typename T>
-__device__ bool fold_warps_by_reference(const T (&)[kWarps][kWidth], int, int, T&, T&) {
+// T, the element type, picks the exps (exp_nonpositive_for).
+template <typename T, int kWarps, int kWidth, typename State>
+__device__ bool fold_warps_by_reference(const State (&)[kWarps][kWidth], int, int, State&,
+                                        State&) {
   return false;
 }
-template <int kWarps, int kWidth>
+template <typename T, int kWarps, int kWidth>
 __device__ bool fold_warps_by_reference(const ScaledSum<float> (&totals)[kWarps][kWidth],
                                         int column, int warp, ScaledSum<float>& prefix,
                                         ScaledSum<float>& carry) {
@@ -90,7 +92,7 @@ __device__ bool fold_warps_by_reference(const ScaledSum<float> (&totals)[kWarps]
 #pragma unroll
   for (int w = 0; w < kWarps; ++w) fits = fits && in_window(t[w].m);
   if (!fits) return false;
-  float sum = carry.s * exp_nonpositive(carry.m - top);
+  float sum = carry.s * exp_nonpositive_for<T>(carry.m - top);
   float before = sum;
   // The largest exponent so far, and the one before warp `warp`.
   float high = carry.m;
@@ -101,7 +103,7 @@ __device__ bool fold_warps_by_reference(const ScaledSum<float> (&totals)[kWarps]
       before = sum;
       before_high = high;
     }
-    sum = fmaf(t[w].s, exp_nonpositive(t[w].m - top), sum);
+    sum = fmaf(t[w].s, exp_nonpositive_for<T>(t[w].m - top), sum);
     high = fmaxf(high, t[w].m);
   }
   // The prefix keeps its own largest exponent, as the joins leave it: scaled
@@ -110,7 +112,7 @@ __device__ bool fold_warps_by_reference(const ScaledSum<float> (&totals)[kWarps]
   prefix = before_high == -INFINITY
                ? ScaledSum<float>{-INFINITY, 0.f}
                : ScaledSum<float>{before_high,
-                                  __fdividef(before, exp_nonpositive(before_high - top))};
+                                  __fdividef(before, exp_nonpositive_for<T>(before_high - top))};
   carry = {top, sum};
   return true;
 }
@@ -132,7 +134,8 @@ __device__ void finish_strip_step(const Op& op, const Line& line, int64_t first,
   const int warp = threadIdx.x / 32;
   TotalOf<Op> prefix = carry;
   const bool folded =
-      kFoldWarpsByReference<Op> && fold_warps_by_reference(totals, column, warp, prefix, carry);
+      kFoldWarpsByReference<Op> &&
+      fold_warps_by_reference<typename Op::Storage>(totals, column, warp, prefix, carry);
   if (!folded) {
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
