@@ -436,6 +436,36 @@ def test_logcumsumexp_nan_and_inf_inside_runs(device, dtype, shape, dim, path, r
         check("logcumsumexp", x, dim, reverse)
 
 
+# On CUDA, two-byte logcumsumexp rows that move as whole 16-byte runs go a
+# warp per row where there are rows enough to give every resident warp one
+# (scan_warp_rows.cuh): 8448 rows make two full rounds of 32 warps on each
+# of 132 SMs, and on 108 SMs 2.4 rounds, over three quarters of three. A
+# row of 264 is one chunk of 256 and a ragged one; shifted off a 16-byte
+# boundary, the rows go to the block kernel.
+WARP_ROWS = (8448, 264)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_logcumsumexp_two_byte_rows_a_warp_each(device, dtype, rng):
+    assert bt.scan_path(torch.empty(WARP_ROWS, device="meta"), -1) == "rows"
+    n = WARP_ROWS[1]
+    pos = torch.arange(n, dtype=torch.float64)
+    noise = torch.randn(WARP_ROWS, generator=rng, dtype=torch.float64)
+    # Plain noise keeps the lanes' totals within 64 of the largest (summed
+    # by reference); a trend spreads them (joined); wide noise makes runs
+    # wild; a far first element leaves a lane's prefix empty.
+    inputs = {"noise": noise, "trend": pos + noise, "wide": 40.0 * noise,
+              "far_first": torch.where(pos == 0, noise - 1000.0, noise)}
+    for kind, x in inputs.items():
+        x = x.to(dtype).to(device)
+        dy = torch.randn(WARP_ROWS, generator=rng).to(dtype).to(device)
+        for xs in (x, off_boundary(x)):
+            for reverse in (False, True):
+                check("logcumsumexp", xs, -1, reverse)
+        if kind == "noise":  # elsewhere y's rounding swamps the gradient's tolerance
+            check_grad_along_rows("logcumsumexp", x, dy)
+
+
 # Two-byte rows of odd length on the rows path (several chunks) and on
 # long_rows, for the kernels that move whole 16-byte runs.
 TWO_BYTE_ROWS = [((256, 2100), "rows"), ((512, 4101), "rows"), ((3, 20011), "long_rows")]

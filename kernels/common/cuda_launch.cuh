@@ -26,6 +26,14 @@ inline KernelStatus launch_status() { return to_status(cudaGetLastError()); }
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Multiprocessors of the current device.
+inline int64_t multiprocessors() {
+  int device = 0, sms = 1;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  return std::max(sms, 1);
+}
+
 // How many blocks of `kernel` the device holds at once.
 template <typename Kernel>
 inline int64_t resident_capacity(Kernel kernel, int threads, size_t smem_bytes) {
@@ -42,10 +50,9 @@ inline int64_t resident_capacity(Kernel kernel, int threads, size_t smem_bytes) 
     const auto it = resident_of.find(key);
     if (it != resident_of.end()) return it->second;
   }
-  int sms = 1, per_sm = 1;
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  int per_sm = 1;
   cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem_bytes);
-  const int64_t resident = int64_t{std::max(sms, 1)} * std::max(per_sm, 1);
+  const int64_t resident = multiprocessors() * std::max(per_sm, 1);
   std::lock_guard<std::mutex> lock(mutex);
   resident_of[key] = resident;
   return resident;

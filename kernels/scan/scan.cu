@@ -16,6 +16,7 @@
 #include "scan/scan_plan.h"
 #include "scan/scan_publish.cuh"
 #include "scan/scan_strips.cuh"
+#include "scan/scan_warp_rows.cuh"
 
 namespace baracuda {
 namespace {
@@ -385,6 +386,8 @@ KernelStatus launch(const Op& op, const ScanShape& s, bool reverse, void* worksp
   switch (plan.path) {
     case ScanPath::kEmpty: return KernelStatus::ok();
     case ScanPath::kRows: {
+      KernelStatus st = KernelStatus::ok();
+      if (launch_warp_rows(op, s, reverse, stream, st)) return st;
       const unsigned grid = static_cast<unsigned>(std::min(s.outer, kMaxBlocks));
       rows_kernel<<<grid, kScanBlock, 0, stream>>>(op, s.outer, s.len, reverse);
       return launch_status();

@@ -291,15 +291,19 @@ struct AffineCombine {
 // One storage array in (src), one out (dst), the state being the
 // accumulated value itself and the store reading the inclusive state alone.
 // kPlainIo tells an engine it may move such runs as whole 16-byte vectors
-// (scan_block.cuh) rather than element by element through load and store.
+// (scan_block.cuh) rather than element by element through load and store;
+// they are whole-run ops too (kWholeRunIo).
 template <typename T, typename Acc>
 struct PlainIo {
   static constexpr bool kPlainIo = true;
+  static constexpr bool kWholeRunIo = true;
   const T* src;
   T* dst;
   static constexpr int kInputBytes = sizeof(T);
   template <typename F> BHD void for_each_input(F&& f) { f(src); }
   template <typename F> BHD void for_each_input(F&& f) const { f(src); }
+  template <typename F> BHD void for_each_output(F&& f) { f(dst); }
+  template <typename F> BHD void for_each_output(F&& f) const { f(dst); }
   BHD Acc load(int64_t off, int64_t) const { return to_acc<Acc>(src[off]); }
   BHD void store(int64_t off, int64_t, Acc incl) const { dst[off] = from_acc<T>(incl); }
 };
