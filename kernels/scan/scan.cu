@@ -119,14 +119,30 @@ __global__ void __launch_bounds__(kScanBlock, kRowsBlocksPerSm<Op>)
 // prefix is assembled from totals published by tiles with smaller tickets
 // (tile_prefix), and then the chunks are scanned and stored.
 
+// cummax / cummin forward on whole two-byte runs with int32 positions: held
+// to 48 registers, for five long_rows blocks per SM (kLongRowsBlocksPerSm).
+template <typename Op>
+constexpr bool kLeanLongRows =
+    ReadsOneArray<Op>::value && kMayLoadDirect<Op> && sizeof(StateOf<Op>) <= 8;
+
 // Chunks per tile. A block's loads go out at its start and nothing more
 // until it ends, so the bytes a tile holds are what keeps memory busy.
 // Measured on H100, [1, 16M] float32 cumsum: 85 us with one chunk, 77 with
 // two, 68 with three; four took 80 registers and bf16 ran slower (52 ->
-// 67 us). States over 4 bytes keep one: two cost cumprod backward 190 ->
-// 231 us and logcumsumexp backward 227 -> 262, on registers.
+// 67 us). 8-byte states take two (launcher timer, [1, 16M], one -> two:
+// float32 cummax forward 165 -> 152 us and backward 144 -> 136, float32
+// cumprod backward 155 -> 148, bfloat16 logcumsumexp backward 137 -> 121
+// (with a 12-byte spill) and cummax backward 138 -> 130; bfloat16 cumprod
+// backward 114 either way), but two kinds keep one: a run scan loaded
+// through the exchange (float32 logcumsumexp backward, 194 -> 225 us) and
+// the lean extremes above (bfloat16 cummax forward spilled 236 bytes, for
+// 137 -> 135 us). Wider states and float64 (not measured) keep one.
 template <typename Op>
-constexpr int kLongChunks = sizeof(StateOf<Op>) <= 4 ? 3 : 1;
+constexpr int kLongChunks =
+    sizeof(StateOf<Op>) <= 4                                          ? 3
+    : sizeof(StateOf<Op>) > 8 || sizeof(typename Op::Storage) == 8    ? 1
+    : (HasRunScan<Op>::value && !kMayLoadDirect<Op>) || kLeanLongRows<Op> ? 1
+                                                                      : 2;
 template <typename Op>
 constexpr int64_t kLongTileLen = kLongChunks<Op> * kRowChunk;
 
@@ -175,9 +191,9 @@ union LongRowsShared {
 // blocks rather than four, 6 % slower on [1, 16M].
 template <typename Op>
 constexpr int kLongRowsBlocksPerSm =
-    HasRunScan<Op>::value && sizeof(StateOf<Op>) <= 4                   ? 3
-    : ReadsOneArray<Op>::value && kMayLoadDirect<Op> && sizeof(StateOf<Op>) <= 8 ? 5
-                                                                           : 0;
+    HasRunScan<Op>::value && sizeof(StateOf<Op>) <= 4 ? 3
+    : kLeanLongRows<Op>                               ? 5
+                                                      : 0;
 
 template <typename Op>
 __global__ void __launch_bounds__(kScanBlock, kLongRowsBlocksPerSm<Op>)
