@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(kScanBlock, kRowsBlocksPerSm<Op>)
 // (tile_prefix), and then the chunks are scanned and stored.
 
 // cummax / cummin forward on whole two-byte runs with int32 positions: held
-// to 48 registers, for five long_rows blocks per SM (kLongRowsBlocksPerSm).
+// to 64 registers, for four long_rows blocks per SM (kLongRowsBlocksPerSm).
 template <typename Op>
 constexpr bool kLeanLongRows =
     ReadsOneArray<Op>::value && kMayLoadDirect<Op> && sizeof(StateOf<Op>) <= 8;
@@ -129,20 +129,25 @@ constexpr bool kLeanLongRows =
 // until it ends, so the bytes a tile holds are what keeps memory busy.
 // Measured on H100, [1, 16M] float32 cumsum: 85 us with one chunk, 77 with
 // two, 68 with three; four took 80 registers and bf16 ran slower (52 ->
-// 67 us). 8-byte states take two (launcher timer, [1, 16M], one -> two:
-// float32 cummax forward 165 -> 152 us and backward 144 -> 136, float32
-// cumprod backward 155 -> 148, bfloat16 logcumsumexp backward 137 -> 121
-// (with a 12-byte spill) and cummax backward 138 -> 130; bfloat16 cumprod
-// backward 114 either way), but two kinds keep one: a run scan loaded
-// through the exchange (float32 logcumsumexp backward, 194 -> 225 us) and
-// the lean extremes above (bfloat16 cummax forward spilled 236 bytes, for
-// 137 -> 135 us). Wider states and float64 (not measured) keep one.
+// 67 us). 8-byte states (launcher timer, [1, 16M], one -> two -> three
+// chunks):
+// - cumprod backward takes three: float32 155 -> 148 -> 132 us, bfloat16
+//   114 -> 114 -> 98;
+// - the others two: float32 cummax forward 165 -> 152 -> 157 us and
+//   backward 144 -> 136 -> 142, bfloat16 logcumsumexp backward 137 -> 121
+//   -> 136 (12 bytes of spill at two) and cummax backward 138 -> 130 ->
+//   144; the lean extremes above, two at four blocks per SM rather than one
+//   at five (137 -> 125 us; two at five spilled 236 bytes);
+// - but a run scan loaded through the exchange keeps one (float32
+//   logcumsumexp backward, 194 -> 225 us with two).
+// Wider states and float64 (not measured) keep one.
 template <typename Op>
 constexpr int kLongChunks =
-    sizeof(StateOf<Op>) <= 4                                          ? 3
-    : sizeof(StateOf<Op>) > 8 || sizeof(typename Op::Storage) == 8    ? 1
-    : (HasRunScan<Op>::value && !kMayLoadDirect<Op>) || kLeanLongRows<Op> ? 1
-                                                                      : 2;
+    sizeof(StateOf<Op>) <= 4                                       ? 3
+    : sizeof(StateOf<Op>) > 8 || sizeof(typename Op::Storage) == 8 ? 1
+    : ReadsNeighbors<Op>::value                                    ? 3
+    : HasRunScan<Op>::value && !kMayLoadDirect<Op>                 ? 1
+                                                                   : 2;
 template <typename Op>
 constexpr int64_t kLongTileLen = kLongChunks<Op> * kRowChunk;
 
@@ -183,16 +188,16 @@ union LongRowsShared {
 };
 
 // Blocks per SM a long_rows block is compiled for: three for logcumsumexp
-// forward, which left free took 100 registers and ran two; five for cummax /
-// cummin forward loading whole two-byte runs with int32 positions, which
-// left free took 54 registers and ran four (bfloat16 [1, 16M], H100: 149 ->
-// 138 us); the others are left free (0). Asked for even one block, the
+// forward, which left free took 100 registers and ran two; four for the lean
+// extremes (kLeanLongRows; with tiles of one chunk they ran five, 149 -> 138
+// us on bfloat16 [1, 16M], H100, against four left free at 54 registers);
+// the others are left free (0). Asked for even one block, the
 // compiler takes more registers: float32 cumsum 69 rather than 64, three
 // blocks rather than four, 6 % slower on [1, 16M].
 template <typename Op>
 constexpr int kLongRowsBlocksPerSm =
     HasRunScan<Op>::value && sizeof(StateOf<Op>) <= 4 ? 3
-    : kLeanLongRows<Op>                               ? 5
+    : kLeanLongRows<Op>                               ? 4
                                                       : 0;
 
 template <typename Op>
