@@ -150,6 +150,18 @@ __device__ bool warp_scan_by_reference(ScaledSum<float>& v) {
   return true;
 }
 
+// The inclusive scan of one total per lane across logical warps of kWidth
+// lanes by joins: log2(kWidth) shuffles up, each joined below the lane's own.
+template <int kWidth, typename Totals>
+__device__ void warp_inclusive_by_joins(const Totals& totals, StateOf<Totals>& v) {
+  const int slot = threadIdx.x % kWidth;
+#pragma unroll
+  for (int d = 1; d < kWidth; d *= 2) {
+    const StateOf<Totals> up = cub::ShuffleUp<kWidth>(v, d, 0, 0xffffffffu);
+    if (slot >= d) v = totals.combine(up, v);
+  }
+}
+
 // An exclusive scan of one total per thread of a block, after `lead`, with
 // the block's total (lead included), in at most ten joins a thread: each
 // warp scans its lanes (five), every warp scans lead and the eight warp
@@ -186,13 +198,7 @@ struct BlockTotalsScan {
     const int lane = threadIdx.x % 32;
     const int warp = threadIdx.x / 32;
     T incl = v;
-    if (!warp_scan_by_reference<32>(incl)) {
-#pragma unroll
-      for (int d = 1; d < 32; d *= 2) {
-        const T up = cub::ShuffleUp<32>(incl, d, 0, 0xffffffffu);
-        if (lane >= d) incl = totals.combine(up, incl);
-      }
-    }
+    if (!warp_scan_by_reference<32>(incl)) warp_inclusive_by_joins<32>(totals, incl);
     if (lane == 31) tmp.warp_totals[warp] = incl;
     T excl = cub::ShuffleUp<32>(incl, 1, 0, 0xffffffffu);
     if (lane == 0) excl = totals.identity();
@@ -200,13 +206,7 @@ struct BlockTotalsScan {
     const int slot = lane % kWarps;
     T w = tmp.warp_totals[slot];
     if (kLead && slot == 0) w = totals.combine(lead, w);
-    if (!warp_scan_by_reference<kWarps>(w)) {
-#pragma unroll
-      for (int d = 1; d < kWarps; d *= 2) {
-        const T up = cub::ShuffleUp<kWarps>(w, d, 0, 0xffffffffu);
-        if (slot >= d) w = totals.combine(up, w);
-      }
-    }
+    if (!warp_scan_by_reference<kWarps>(w)) warp_inclusive_by_joins<kWarps>(totals, w);
     if (warp == 0) {
       before = kLead ? totals.combine(lead, excl) : excl;
     } else {
@@ -351,12 +351,24 @@ __device__ StateOf<Op> store_run(const Op& op, const Line& line, int64_t first, 
 template <int kItems, typename Op>
 constexpr bool kDirectRuns = kItems * sizeof(typename Op::Storage) == 16;
 
+// Whether every array an op names (for_each_input, scan_ops.h; with
+// kOutputs its for_each_output too) is 16-byte aligned at element `at`.
+template <bool kOutputs, typename Op>
+__host__ __device__ bool arrays_aligned16(const Op& op, int64_t at) {
+  bool aligned = true;
+  const auto check = [&](const auto* p) {
+    aligned = aligned && reinterpret_cast<uintptr_t>(p + at) % 16 == 0;
+  };
+  op.for_each_input(check);
+  if constexpr (kOutputs) op.for_each_output(check);
+  return aligned;
+}
+
 template <int kItems, typename Op>
 __device__ bool direct_runs_fit(const Op& op, const Line& line) {
   static_assert(kDirectRuns<kItems, Op>, "a direct run is one 16-byte vector");
   const int64_t anchor = line.reverse ? line.base + line.len : line.base;
-  return line.stride == 1 && reinterpret_cast<uintptr_t>(op.src + anchor) % 16 == 0 &&
-         reinterpret_cast<uintptr_t>(op.dst + anchor) % 16 == 0;
+  return line.stride == 1 && arrays_aligned16<true>(op, anchor);
 }
 
 // A run that crosses the end of the line, element by element; positions at
@@ -493,13 +505,7 @@ template <int kItems, typename Op>
 __device__ bool whole_runs_fit(const Op& op, const Line& line) {
   static_assert(kDirectRuns<kItems, Op>, "a direct run is one 16-byte vector");
   const int64_t anchor = line.reverse ? line.base + line.len : line.base;
-  bool fit = line.stride == 1;
-  const auto aligned = [&](const auto* p) {
-    fit = fit && reinterpret_cast<uintptr_t>(p + anchor) % 16 == 0;
-  };
-  op.for_each_input(aligned);
-  if constexpr (HasWholeRunIo<Op>::value) op.for_each_output(aligned);
-  return fit;
+  return line.stride == 1 && arrays_aligned16<HasWholeRunIo<Op>::value>(op, anchor);
 }
 
 // Where run [first, first + kItems) starts in memory (its lowest offset).

@@ -416,23 +416,13 @@ __global__ void __launch_bounds__(kStripBlock, kLaneColumns<Op> == 2 ? 1 : 2)
 // Whether an op's strips may be staged: its inputs named (with element
 // sizes that add up to kInputBytes) and 16-byte aligned, and every row
 // a whole number of 16-byte pieces of each.
-struct InputCheck {
-  int bytes = 0;
-  bool aligned = true;
-  template <typename U>
-  __host__ __device__ void operator()(const U* from) {
-    bytes += int{sizeof(U)};
-    aligned = aligned && reinterpret_cast<uintptr_t>(from) % 16 == 0;
-  }
-};
-
 template <typename Op>
 bool staged_strips_fit(const Op& op, const ScanShape& s, bool& names_right) {
-  InputCheck check;
-  op.for_each_input(check);
-  names_right = check.bytes == Op::kInputBytes;
+  int bytes = 0;
+  op.for_each_input([&](const auto* from) { bytes += int{sizeof(*from)}; });
+  names_right = bytes == Op::kInputBytes;
   // 8 elements of the narrowest input (two bytes) make 16 bytes.
-  return names_right && check.aligned && s.inner % 8 == 0;
+  return names_right && arrays_aligned16<false>(op, 0) && s.inner % 8 == 0;
 }
 
 // Launches the strips of an op: staged where that pays and fits

@@ -106,11 +106,7 @@ __device__ void warp_exclusive_scan(const Totals& totals, const StateOf<Totals>&
   constexpr unsigned kAll = 0xffffffffu;
   const int lane = threadIdx.x % 32;
   State incl = v;
-#pragma unroll
-  for (int d = 1; d < 32; d *= 2) {
-    const State up = cub::ShuffleUp<32>(incl, d, 0, kAll);
-    if (lane >= d) incl = totals.combine(up, incl);
-  }
+  warp_inclusive_by_joins<32>(totals, incl);
   const State excl = cub::ShuffleUp<32>(incl, 1, 0, kAll);
   before = lane == 0 ? lead : totals.combine(lead, excl);
   total = totals.combine(lead, cub::ShuffleIndex<32>(incl, 31, kAll));
@@ -171,13 +167,7 @@ __global__ void __launch_bounds__(kWarpRowsBlock, kWarpRowsBlocksPerSm)
 // ends are aligned too).
 template <typename Op>
 bool rows_move_whole(const Op& op, int64_t len) {
-  bool fit = len % kScanItems == 0;
-  const auto aligned = [&](const auto* p) {
-    fit = fit && reinterpret_cast<uintptr_t>(p) % 16 == 0;
-  };
-  op.for_each_input(aligned);
-  op.for_each_output(aligned);
-  return fit;
+  return len % kScanItems == 0 && arrays_aligned16<true>(op, 0);
 }
 
 // Launches warp_rows_kernel where it applies and pays: every row whole, and
