@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(kScanBlock, kRowsBlocksPerSm<Op>)
     // `carry` (the same in every thread) chains the chunks of the row.
     Total carry = totals.identity();
     if constexpr (kMayGoDirect<Op>) {
-      if (direct_runs_fit<kScanItems>(op, line)) {
+      if (whole_runs_fit<kScanItems>(op, line)) {
         // Direct runs hold a thread's 16 bytes in 8 registers: the next
         // chunk's are loaded before this one is scanned, so twice as many
         // bytes are in flight.

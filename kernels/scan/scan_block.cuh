@@ -364,12 +364,6 @@ __host__ __device__ bool arrays_aligned16(const Op& op, int64_t at) {
   return aligned;
 }
 
-template <int kItems, typename Op>
-__device__ bool direct_runs_fit(const Op& op, const Line& line) {
-  static_assert(kDirectRuns<kItems, Op>, "a direct run is one 16-byte vector");
-  const int64_t anchor = line.reverse ? line.base + line.len : line.base;
-  return line.stride == 1 && arrays_aligned16<true>(op, anchor);
-}
 
 // A run that crosses the end of the line, element by element; positions at
 // or past the end hold the identity. Given `aux` (an array of kItems), an op
@@ -499,8 +493,9 @@ struct WholeRun {
 };
 
 // Whether a line's arrays lie so that runs of kItems move as 16-byte
-// vectors (as direct_runs_fit): unit stride, every input (and for
-// kWholeRunIo the output) aligned at the direction's anchor.
+// vectors (direct runs, and the whole runs below): unit stride, every input
+// (and for kWholeRunIo, PlainIo among them, the output) aligned at the
+// direction's anchor.
 template <int kItems, typename Op>
 __device__ bool whole_runs_fit(const Op& op, const Line& line) {
   static_assert(kDirectRuns<kItems, Op>, "a direct run is one 16-byte vector");
@@ -679,9 +674,7 @@ constexpr bool kMayStoreWhole = kMayLoadDirect<Op> && HasWholeRunIo<Op>::value;
 // ops, stored so): the same for every thread.
 template <typename Op>
 __device__ bool chunks_go_direct(const Op& op, const Line& line) {
-  if constexpr (kMayGoDirect<Op>) {
-    return direct_runs_fit<kScanItems>(op, line);
-  } else if constexpr (kMayLoadDirect<Op>) {
+  if constexpr (kMayGoDirect<Op> || kMayLoadDirect<Op>) {
     return whole_runs_fit<kScanItems>(op, line);
   } else {
     return false;
