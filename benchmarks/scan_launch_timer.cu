@@ -11,7 +11,10 @@
 // device-to-device copy of its minimal bytes is timed the same way.
 //
 //   scan_launch_timer [TEXT]   only the cases whose name contains TEXT;
-//                              SCAN_DTYPE=bf16 or f32 keeps one dtype
+//                              SCAN_DTYPE=bf16 or f32 keeps one dtype;
+//                              SCAN_X=bench draws every op's x near 1, as
+//                              the benchmark does (by default only
+//                              cumprod's: the others take x normal)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -260,6 +263,8 @@ double relative_error(const Case& c, const TensorSet& t) {
 int main(int argc, char** argv) {
   const std::string filter = argc > 1 ? argv[1] : "";
   const char* only_dtype = std::getenv("SCAN_DTYPE");
+  const char* x_draw = std::getenv("SCAN_X");
+  const bool bench_x = x_draw && std::string(x_draw) == "bench";
   const double roofline = copy_roofline_gbs();
   std::printf("copy roofline %.1f GB/s\n\n", roofline);
   std::printf("| case | dtype | path | us | %% of copy roofline | copy of the same bytes, us | rel err |\n");
@@ -286,9 +291,10 @@ int main(int argc, char** argv) {
         for (const bool backward : {false, true}) {
           const Case c{ScanKind(kind), backward, bf16, s.label, s.shape};
           if (c.name().find(filter) == std::string::npos) continue;
-          // Factors near 1 for cumprod, as the benchmark draws them.
+          // x near 1, as the benchmark draws it: always for cumprod (its
+          // factors), for every op with SCAN_X=bench.
           std::vector<float> xs = x;
-          if (c.kind == ScanKind::kCumprod) {
+          if (c.kind == ScanKind::kCumprod || bench_x) {
             for (float& v : xs) v = 1.f + 1e-3f * v;
           }
           const int count = std::max(2, std::min(8, int(std::ceil(200e6 / c.bytes_moved()))));

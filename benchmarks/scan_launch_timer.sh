@@ -4,7 +4,8 @@
 #
 #   bash benchmarks/scan_launch_timer.sh [TEXT]     cases whose name contains TEXT
 #
-# SCAN_DTYPE=bf16|f32 keeps one dtype; NVCC_ARCH (default 90a) picks the GPU
+# SCAN_DTYPE=bf16|f32 keeps one dtype; SCAN_X=bench draws every op's x as
+# the benchmark does (near 1); NVCC_ARCH (default 90a) picks the GPU
 # target; NVCC_FLAGS adds flags to the kernels' compile (a -D to try a
 # variant); TIMER_BIN (default build/scan_launch_timer) is where the program
 # goes; BUILD_ONLY=1 builds without running.
