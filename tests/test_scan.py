@@ -717,6 +717,52 @@ def test_tens_of_millions_on_cuda(name):
                                        atol=1e-5 * max(ref_g.abs().max().item(), 1.0), rtol=1e-4)
 
 
+# On CUDA, two-byte logcumsumexp rows a whole number of 4096-element
+# segments long, 2048 segments or more in all, are scanned forward as
+# segments (scan_segments.cuh): each segment's total, a scan of those per
+# row, then the segments as rows of their own from those carries. One row
+# of 2048 segments, and three rows of 1024 (a row's carries must not leak
+# into the next). In the first row an all -inf prefix spans two segments
+# and a bit, and a steep stretch makes later segments outgrow the carry;
+# with three rows, a NaN in the last one turns everything after it NaN
+# (before it, reversed). The gradients take long_rows.
+SEGMENT = 4096
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", [(1, 2048 * SEGMENT), (3, 1024 * SEGMENT)], ids=str)
+def test_logcumsumexp_segmented_long_rows_on_cuda(dtype, shape):
+    assert bt.scan_path(torch.empty(shape, device="meta"), -1) == "long_rows"
+    g = torch.Generator(device="cuda").manual_seed(5)
+    n = shape[1]
+    x = torch.randn(shape, generator=g, device="cuda", dtype=torch.float64)
+    x[0, 5 * SEGMENT: 8 * SEGMENT] += torch.arange(3 * SEGMENT, device="cuda") / 64
+    plain = x.to(dtype, copy=True)
+    x[0, : 2 * SEGMENT + 5] = -INF
+    if shape[0] > 1:
+        x[-1, n // 2 + 77] = NAN
+    x = x.to(dtype)
+    dy = torch.randn(shape, generator=g, device="cuda").to(dtype)
+    for reverse in (False, True):
+        check("logcumsumexp", x, 1, reverse)
+        torch.testing.assert_close(bt.logcumsumexp(x, 1, reverse=reverse),
+                                   bt.logcumsumexp(x, 1, reverse=reverse), atol=0, rtol=0,
+                                   equal_nan=True)
+        # -inf inputs get gradient 0 (torch's own is NaN there).
+        got = our_grad("logcumsumexp", x[:1], 1, reverse, dy[:1])
+        assert torch.isfinite(got).all() and (got[torch.isneginf(x[:1])] == 0).all()
+        got = our_grad("logcumsumexp", plain, 1, reverse, dy)
+        ref = reference_grad("logcumsumexp", plain, 1, reverse, dy)
+        # As in test_logcumsumexp_wide_spans_and_neg_inf_stretches: y stored
+        # in dtype, and torch's float64 reference drifting by ~eps |x| n.
+        big = plain.abs().max().item()
+        slack = 8 * torch.finfo(dtype).eps * big + 4 * torch.finfo(torch.float64).eps * big * n
+        t = tol(dtype, n)
+        torch.testing.assert_close(got.double().cpu(), ref.cpu(), atol=t["atol"] + slack,
+                                   rtol=t["rtol"] + slack)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_long_rows_more_tile_groups_than_readers_on_cuda():
     """A row long enough that each reader of earlier groups' totals folds

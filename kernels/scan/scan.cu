@@ -15,6 +15,7 @@
 #include "scan/scan_kernels.h"
 #include "scan/scan_plan.h"
 #include "scan/scan_publish.cuh"
+#include "scan/scan_segments.cuh"
 #include "scan/scan_strips.cuh"
 #include "scan/scan_warp_rows.cuh"
 
@@ -52,7 +53,7 @@ constexpr int kRowsBlocksPerSm =
 
 template <typename Op>
 __global__ void __launch_bounds__(kScanBlock, kRowsBlocksPerSm<Op>)
-    rows_kernel(Op op, int64_t outer, int64_t len, bool reverse) {
+    rows_kernel(Op op, int64_t outer, int64_t len, bool reverse, RowCarries<TotalOf<Op>> carries) {
   using State = StateOf<Op>;
   using Total = TotalOf<Op>;
   const TotalsOf<Op> totals = totals_of(op);
@@ -60,7 +61,7 @@ __global__ void __launch_bounds__(kScanBlock, kRowsBlocksPerSm<Op>)
   for (int64_t row = blockIdx.x; row < outer; row += gridDim.x) {
     const Line line{row * len, 1, len, reverse};
     // `carry` (the same in every thread) chains the chunks of the row.
-    Total carry = totals.identity();
+    Total carry = row_start<Op>(carries, row, totals.identity());
     if constexpr (kMayGoDirect<Op>) {
       if (whole_runs_fit<kScanItems>(op, line)) {
         // Direct runs hold a thread's 16 bytes in 8 registers: the next
@@ -256,6 +257,55 @@ KernelStatus launch_long_rows(const Op& op, const ScanShape& s, bool reverse, vo
   return launch_status();
 }
 
+// Rows of [outer, len], each started from its carry: a warp each where
+// that applies (launch_warp_rows), a block each otherwise.
+template <typename Op>
+KernelStatus launch_rows(const Op& op, const ScanShape& s, bool reverse,
+                         const RowCarries<TotalOf<Op>>& carries, cudaStream_t stream) {
+  KernelStatus st = KernelStatus::ok();
+  if (launch_warp_rows(op, s, reverse, carries, stream, st)) return st;
+  const unsigned grid = static_cast<unsigned>(std::min(s.outer, kMaxBlocks));
+  rows_kernel<<<grid, kScanBlock, 0, stream>>>(op, s.outer, s.len, reverse, carries);
+  return launch_status();
+}
+
+// Launches the segmented long rows (scan_segments.cuh) where they apply:
+// the op (kSegmentedRowsApply), rows a whole number of segments long, and
+// kMinSegments of them or more. Their slots take the front of the long_rows
+// workspace (sized for a flagged 32-byte slot per 2048 elements; a segment
+// is 4096 with a slot of at most 16). Returns false, launching nothing,
+// where they do not.
+template <typename Op>
+bool launch_segmented_rows(const Op& op, const ScanShape& s, bool reverse, void* workspace,
+                           int64_t workspace_bytes, cudaStream_t stream, KernelStatus& st) {
+  if constexpr (kSegmentedRowsApply<Op>) {
+    using Total = TotalOf<Op>;
+    const int64_t segments = s.len / kSegmentLen;
+    const int64_t view_rows = s.outer * segments;
+    if (s.len % kSegmentLen != 0 || view_rows < kMinSegments ||
+        view_rows * int64_t{sizeof(Total)} > workspace_bytes) {
+      return false;
+    }
+    Total* slots = static_cast<Total*>(workspace);
+    const SegmentLayout layout{segments, reverse};
+    const unsigned grid = static_cast<unsigned>(std::min(view_rows, kMaxBlocks));
+    segment_totals_kernel<<<grid, kScanBlock, 0, stream>>>(op, view_rows, layout, slots);
+    st = launch_status();
+    if (!st.is_ok()) return true;
+    segment_carries_kernel<<<static_cast<unsigned>(s.outer), kScanBlock, 0, stream>>>(
+        op, segments, slots);
+    st = launch_status();
+    if (!st.is_ok()) return true;
+    st = launch_rows(op, ScanShape{view_rows, kSegmentLen, 1}, reverse,
+                     RowCarries<Total>{slots, layout}, stream);
+    return true;
+  } else {
+    (void)op, (void)s, (void)reverse, (void)workspace, (void)workspace_bytes, (void)stream,
+        (void)st;
+    return false;
+  }
+}
+
 // ---------------------------------------------------------------- columns path
 // Thread c owns column c = o * inner + i (consecutive threads, consecutive
 // addresses) and walks segment blockIdx.y of its axis. Workspace: one state
@@ -406,15 +456,15 @@ KernelStatus launch(const Op& op, const ScanShape& s, bool reverse, void* worksp
   }
   switch (plan.path) {
     case ScanPath::kEmpty: return KernelStatus::ok();
-    case ScanPath::kRows: {
+    case ScanPath::kRows:
+      return launch_rows(op, s, reverse, {}, stream);
+    case ScanPath::kLongRows: {
       KernelStatus st = KernelStatus::ok();
-      if (launch_warp_rows(op, s, reverse, stream, st)) return st;
-      const unsigned grid = static_cast<unsigned>(std::min(s.outer, kMaxBlocks));
-      rows_kernel<<<grid, kScanBlock, 0, stream>>>(op, s.outer, s.len, reverse);
-      return launch_status();
-    }
-    case ScanPath::kLongRows:
+      if (launch_segmented_rows(op, s, reverse, workspace, plan.workspace_bytes, stream, st)) {
+        return st;
+      }
       return launch_long_rows(op, s, reverse, workspace, stream);
+    }
     case ScanPath::kColumnStrips:
       return launch_strips(op, s, plan.strips_per_outer, reverse, stream);
     case ScanPath::kColumnTiles: {

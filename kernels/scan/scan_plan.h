@@ -14,7 +14,10 @@
 //              totals and of the earlier tiles of its own group -- the same
 //              association whatever the timing, so bit-identical run to run,
 //              and a tile only ever waits for tiles with smaller tickets (no
-//              deadlock).
+//              deadlock). Or, for two-byte logcumsumexp forward rows of
+//              whole segments, segments enough (scan_segments.cuh: the
+//              launcher's choice, same path name): segment totals, their
+//              scan, then the segments as rows from those carries.
 //   column_strips  inner > 1 with enough columns for kMinStrips strips, and
 //              at least three in four lanes of a strip with a column: a
 //              block owns kStripWidth consecutive columns of one outer index

@@ -17,6 +17,7 @@
 #include "common/cuda_launch.cuh"
 #include "scan/scan_block.cuh"
 #include "scan/scan_plan.h"
+#include "scan/scan_segments.cuh"
 
 namespace baracuda {
 namespace scan {
@@ -127,7 +128,8 @@ constexpr bool kDirectionCompiled = kInputArrays<Op> == 1;
 // next kWarpRowsAhead chunks in flight while it scans one.
 template <typename Op, bool kReverse>
 __global__ void __launch_bounds__(kWarpRowsBlock, kWarpRowsBlocksPerSm)
-    warp_rows_kernel(Op op, int64_t outer, int64_t len, bool reverse) {
+    warp_rows_kernel(Op op, int64_t outer, int64_t len, bool reverse,
+                     RowCarries<TotalOf<Op>> carries) {
   using Total = TotalOf<Op>;
   const TotalsOf<Op> totals = totals_of(op);
   const int64_t lead = int64_t{threadIdx.x % 32} * kScanItems;
@@ -135,7 +137,7 @@ __global__ void __launch_bounds__(kWarpRowsBlock, kWarpRowsBlocksPerSm)
   for (int64_t row = int64_t{blockIdx.x} * kWarpRowsWarps + threadIdx.x / 32; row < outer;
        row += warps) {
     const Line line{row * len, 1, len, kDirectionCompiled<Op> ? kReverse : reverse};
-    Total carry = totals.identity();
+    Total carry = row_start<Op>(carries, row, totals.identity());
     WholeRun<Op> ahead[kWarpRowsAhead<Op>];
 #pragma unroll
     for (int a = 0; a < kWarpRowsAhead<Op>; ++a) {
@@ -170,7 +172,8 @@ bool rows_move_whole(const Op& op, int64_t len) {
   return len % kScanItems == 0 && arrays_aligned16<true>(op, 0);
 }
 
-// Launches warp_rows_kernel where it applies and pays: every row whole, and
+// Launches warp_rows_kernel (its rows started from `carries`) where it
+// applies and pays: every row whole, and
 // rows enough that the rounds of resident warps they take are at least
 // three quarters full (one round of 4096 rows on 4224 warps is; 5000 rows
 // would be 1.2 rounds in two, and the block kernel's many rounds lose
@@ -179,7 +182,8 @@ bool rows_move_whole(const Op& op, int64_t len) {
 // those leave each SM as many warps as before. Returns false, launching
 // nothing, where it does not.
 template <typename Op>
-bool launch_warp_rows(const Op& op, const ScanShape& s, bool reverse, cudaStream_t stream,
+bool launch_warp_rows(const Op& op, const ScanShape& s, bool reverse,
+                      const RowCarries<TotalOf<Op>>& carries, cudaStream_t stream,
                       KernelStatus& st) {
   if constexpr (kWarpRowsApply<Op>) {
     if (!rows_move_whole(op, s.len)) return false;
@@ -195,11 +199,11 @@ bool launch_warp_rows(const Op& op, const ScanShape& s, bool reverse, cudaStream
     if (s.outer * 4 < rounds * resident_warps * 3) return false;
     const int64_t blocks = ceil_div(s.outer, int64_t{kWarpRowsWarps});
     const unsigned grid = static_cast<unsigned>(std::min(blocks, kMaxBlocks));
-    kernel<<<grid, kWarpRowsBlock, 0, stream>>>(op, s.outer, s.len, reverse);
+    kernel<<<grid, kWarpRowsBlock, 0, stream>>>(op, s.outer, s.len, reverse, carries);
     st = launch_status();
     return true;
   } else {
-    (void)op, (void)s, (void)reverse, (void)stream, (void)st;
+    (void)op, (void)s, (void)reverse, (void)carries, (void)stream, (void)st;
     return false;
   }
 }
