@@ -136,45 +136,12 @@ def _scan_backward_fake(grad, x, y, indices, dim, kind, reverse):
 
 
 # ---------------------------------------------------------------- autograd
-
-
-def _setup_scan(kind, saves_xy):
-    def setup(ctx, inputs, output):
-        x, dim, reverse = inputs
-        ctx.kind, ctx.dim, ctx.reverse = kind, dim, reverse
-        if saves_xy:
-            ctx.save_for_backward(x, output)
-    return setup
-
-
-def _backward_scan(ctx, grad):
-    x, y = ctx.saved_tensors if ctx.saved_tensors else (None, None)
-    return _OPS.scan_backward.default(grad, x, y, None, ctx.dim, ctx.kind, ctx.reverse), None, None
-
-
-def _setup_scan_with_indices(kind):
-    def setup(ctx, inputs, output):
-        _, dim, reverse = inputs
-        ctx.kind, ctx.dim, ctx.reverse = kind, dim, reverse
-        ctx.dtype = output[0].dtype
-        ctx.save_for_backward(output[1])
-    return setup
-
-
-def _backward_scan_with_indices(ctx, grad_values, grad_indices):
-    (indices,) = ctx.saved_tensors
-    if grad_values is None:  # only the indices were used
-        grad_values = torch.zeros(indices.shape, dtype=ctx.dtype, device=indices.device)
-    dx = _OPS.scan_backward.default(grad_values, None, None, indices, ctx.dim, ctx.kind, ctx.reverse)
-    return dx, None, None
-
-
-for _name, _saves in (("cumsum", False), ("cumprod", True), ("logcumsumexp", True)):
-    torch.library.register_autograd(f"baracuda::{_name}", _backward_scan,
-                                    setup_context=_setup_scan(_name, _saves))
-for _name in ("cummax", "cummin"):
-    torch.library.register_autograd(f"baracuda::{_name}", _backward_scan_with_indices,
-                                    setup_context=_setup_scan_with_indices(_name))
+#
+# The five forward ops' autograd is registered in C++
+# (kernels/scan/scan_autograd.cpp): a Python autograd kernel would run on
+# every call, with or without grad, and cost a small scan more host time than
+# the scan. Their backward is scan_backward, whose own autograd (double
+# backward) follows.
 
 
 # ------------------------------------------------ double backward (scan_backward's own)

@@ -1,0 +1,143 @@
+// Autograd of the five forward scans, in C++. A Python autograd kernel
+// (torch.library.register_autograd) runs Python on every call, grad or no
+// grad, and cost a small scan more host time than the scan itself; here a
+// call that needs no graph goes straight below autograd, and one that does
+// records one node whose backward is the scan_backward op. scan_backward's
+// own autograd (double backward) stays in Python (baracuda_torch/scan.py):
+// its formulas are compositions of torch ops and run only under
+// create_graph.
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <string>
+#include <tuple>
+
+namespace baracuda {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+using ValueScanFn = at::Tensor(const at::Tensor&, int64_t, bool);
+using IndexedScanFn = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, int64_t, bool);
+using ScanBackwardFn =
+    at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&,
+               const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, int64_t,
+               c10::string_view, bool);
+
+template <typename Fn>
+c10::TypedOperatorHandle<Fn> find_op(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Fn>();
+}
+
+at::Tensor scan_backward(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& y,
+                         const at::Tensor& indices, int64_t dim, const std::string& kind,
+                         bool reverse) {
+  static const auto op = find_op<ScanBackwardFn>("baracuda::scan_backward");
+  const auto maybe = [](const at::Tensor& t) {
+    return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
+  };
+  return op.call(grad, maybe(x), maybe(y), maybe(indices), dim, kind, reverse);
+}
+
+bool needs_graph(const at::Tensor& x) { return c10::GradMode::is_enabled() && x.requires_grad(); }
+
+// cumsum, cumprod, logcumsumexp: y = scan(x). cumprod and logcumsumexp's
+// backward reads x and y; cumsum's reads neither.
+struct ValueScan : public torch::autograd::Function<ValueScan> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t dim, bool reverse,
+                            const std::string& kind,
+                            const c10::TypedOperatorHandle<ValueScanFn>& op) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    at::Tensor y = op.call(x, dim, reverse);
+    ctx->saved_data["dim"] = dim;
+    ctx->saved_data["reverse"] = reverse;
+    ctx->saved_data["kind"] = kind;
+    if (kind != "cumsum") ctx->save_for_backward({x, y});
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const std::string kind = ctx->saved_data["kind"].toStringRef();
+    at::Tensor x, y;
+    if (kind != "cumsum") {
+      const variable_list saved = ctx->get_saved_variables();
+      x = saved[0];
+      y = saved[1];
+    }
+    const at::Tensor dx = scan_backward(grads[0], x, y, at::Tensor(),
+                                        ctx->saved_data["dim"].toInt(), kind,
+                                        ctx->saved_data["reverse"].toBool());
+    return {dx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// cummax, cummin: (values, indices); the backward reads the indices alone,
+// which carry no gradient.
+struct IndexedScan : public torch::autograd::Function<IndexedScan> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, int64_t dim,
+                               bool reverse, const std::string& kind,
+                               const c10::TypedOperatorHandle<IndexedScanFn>& op) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    auto [values, indices] = op.call(x, dim, reverse);
+    ctx->saved_data["dim"] = dim;
+    ctx->saved_data["reverse"] = reverse;
+    ctx->saved_data["kind"] = kind;
+    ctx->save_for_backward({indices});
+    ctx->mark_non_differentiable({indices});
+    return {values, indices};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor indices = ctx->get_saved_variables()[0];
+    // Where only the indices were used, autograd hands in zeros for the
+    // values' gradient (grads are materialised), so grads[0] is defined.
+    const at::Tensor dx = scan_backward(grads[0], at::Tensor(), at::Tensor(), indices,
+                                        ctx->saved_data["dim"].toInt(),
+                                        ctx->saved_data["kind"].toStringRef(),
+                                        ctx->saved_data["reverse"].toBool());
+    return {dx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+template <const char* kName>
+at::Tensor value_scan(const at::Tensor& x, int64_t dim, bool reverse) {
+  static const auto op = find_op<ValueScanFn>(kName);
+  if (!needs_graph(x)) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    return op.call(x, dim, reverse);
+  }
+  return ValueScan::apply(x, dim, reverse, std::string(kName + sizeof("baracuda::") - 1), op);
+}
+
+template <const char* kName>
+std::tuple<at::Tensor, at::Tensor> indexed_scan(const at::Tensor& x, int64_t dim, bool reverse) {
+  static const auto op = find_op<IndexedScanFn>(kName);
+  if (!needs_graph(x)) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    return op.call(x, dim, reverse);
+  }
+  const variable_list out =
+      IndexedScan::apply(x, dim, reverse, std::string(kName + sizeof("baracuda::") - 1), op);
+  return {out[0], out[1]};
+}
+
+constexpr char kCumsum[] = "baracuda::cumsum";
+constexpr char kCumprod[] = "baracuda::cumprod";
+constexpr char kLogcumsumexp[] = "baracuda::logcumsumexp";
+constexpr char kCummax[] = "baracuda::cummax";
+constexpr char kCummin[] = "baracuda::cummin";
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(baracuda, Autograd, m) {
+  m.impl("cumsum", &value_scan<kCumsum>);
+  m.impl("cumprod", &value_scan<kCumprod>);
+  m.impl("logcumsumexp", &value_scan<kLogcumsumexp>);
+  m.impl("cummax", &indexed_scan<kCummax>);
+  m.impl("cummin", &indexed_scan<kCummin>);
+}
+
+}  // namespace baracuda
