@@ -1,0 +1,50 @@
+"""Scans on shapes users meet, against torch: every op forward and backward
+(float32 and bfloat16) on short and long rows, a middle dimension with wide,
+narrow and odd inner sizes, and a row length that is no multiple of
+anything. The issue's three shapes are in ``bench_scan.py``; these are here
+so that no shape a model uses is slower than torch without anyone seeing it.
+
+Cases moving under 4 MB are timed host included (``device_only`` off), as a
+caller sees them: there the launch and the op's own host work are most of
+the time. Larger ones are timed on the device alone, as ``bench_scan.py``
+times. Inputs, bytes moved and peers are those of ``bench_scan.py``.
+"""
+
+import torch
+
+from bench_scan import OPS, _backward_case, _forward_cases
+
+# (shape, dim) pairs.
+SHAPES = [
+    ((32, 128), -1),           # a batch of short sequences
+    ((256, 4096), -1),
+    ((32, 32768), -1),
+    ((8, 262144), -1),         # a few long rows (long_rows)
+    ((1, 1000003), -1),        # odd length
+    ((16, 2048, 64), 1),       # a middle dim, 64 wide
+    ((64, 512, 128), 1),
+    ((8, 4096, 3), 1),         # a narrow inner dim
+    ((128, 1000, 7), 1),
+    ((4096, 96), 0),           # few columns
+]
+HOST_INCLUDED_BELOW = 4 << 20
+
+
+def _label(shape, dim):
+    return f"{list(shape)} dim={dim}"
+
+
+def cases(device, quick=False):
+    shapes = [((4, 64), -1), ((8, 40, 3), 1)] if quick else SHAPES
+    out = []
+    for dtype in (torch.float32, torch.bfloat16):
+        for shape, dim in shapes:
+            for name in OPS:
+                label = _label(shape, dim)
+                group = _forward_cases(name, shape, dim, dtype, device, label)
+                group = group[:1]  # torch.compile's peer: bench_scan.py has it
+                group.append(_backward_case(name, shape, dim, dtype, device, label))
+                for case in group:
+                    case.device_only = case.bytes_moved >= HOST_INCLUDED_BELOW
+                out += group
+    return out
