@@ -576,6 +576,32 @@ def test_extreme_backward_goes_to_forward_index(device, name, rng):
 
 
 @pytest.mark.parametrize("name", ALL_OPS)
+def test_graph_recorded_only_when_needed(device, name, rng):
+    """The forward ops' autograd (C++): a node only where grad mode is on and
+    x requires grad; cummax / cummin indices never require grad; the values'
+    gradient alone flows back, also when part of a larger graph."""
+    x = torch.randn(4, 6, generator=rng).to(device)
+    xg = x.clone().requires_grad_()
+    plain = ours(name, x, 1)
+    with torch.no_grad():
+        no_grad = ours(name, xg, 1)
+    with torch.inference_mode():
+        inference = ours(name, x.clone(), 1)
+    graphed = ours(name, xg, 1)
+    for out in (plain, no_grad, inference):
+        for t in (out if name in EXTREME else (out,)):
+            assert t.grad_fn is None and not t.requires_grad
+    values = graphed[0] if name in EXTREME else graphed
+    assert values.grad_fn is not None and values.requires_grad
+    if name in EXTREME:
+        assert not graphed[1].requires_grad
+    torch.testing.assert_close(values.detach(), plain[0] if name in EXTREME else plain)
+    dy = torch.randn(4, 6, generator=rng).to(device)
+    (values * dy).sum().backward()
+    torch.testing.assert_close(xg.grad, our_grad(name, x, 1, False, dy))
+
+
+@pytest.mark.parametrize("name", ALL_OPS)
 @pytest.mark.parametrize("reverse", [False, True])
 def test_gradcheck_and_gradgradcheck(device, name, reverse, rng):
     for shape, dim in [((6,), 0), ((3, 5, 2), 1), ((4, 3), 0), ((), 0)]:
