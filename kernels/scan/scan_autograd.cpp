@@ -46,6 +46,9 @@ at::Tensor scan_backward(const at::Tensor& grad, const at::Tensor& x, const at::
 
 bool needs_graph(const at::Tensor& x) { return c10::GradMode::is_enabled() && x.requires_grad(); }
 
+// The kind scan_backward takes: the op's name without its namespace.
+std::string kind_of(const char* op_name) { return op_name + sizeof("baracuda::") - 1; }
+
 // cumsum, cumprod, logcumsumexp: y = scan(x). cumprod and logcumsumexp's
 // backward reads x and y; cumsum's reads neither.
 struct ValueScan : public torch::autograd::Function<ValueScan> {
@@ -109,7 +112,7 @@ at::Tensor value_scan(const at::Tensor& x, int64_t dim, bool reverse) {
     at::AutoDispatchBelowADInplaceOrView below;
     return op.call(x, dim, reverse);
   }
-  return ValueScan::apply(x, dim, reverse, std::string(kName + sizeof("baracuda::") - 1), op);
+  return ValueScan::apply(x, dim, reverse, kind_of(kName), op);
 }
 
 template <const char* kName>
@@ -119,8 +122,7 @@ std::tuple<at::Tensor, at::Tensor> indexed_scan(const at::Tensor& x, int64_t dim
     at::AutoDispatchBelowADInplaceOrView below;
     return op.call(x, dim, reverse);
   }
-  const variable_list out =
-      IndexedScan::apply(x, dim, reverse, std::string(kName + sizeof("baracuda::") - 1), op);
+  const variable_list out = IndexedScan::apply(x, dim, reverse, kind_of(kName), op);
   return {out[0], out[1]};
 }
 

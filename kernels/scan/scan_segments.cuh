@@ -6,7 +6,8 @@
 // segment starts from), and the rows kernels then scan the segments as rows
 // of their own from those carries: x is read twice, but the segments
 // stream as rows do (a warp each, scan_warp_rows.cuh, where there are
-// enough). Included by scan.cu alone. No torch headers.
+// enough). Included by scan.cu and scan_warp_rows.cuh (the carries a rows
+// kernel starts from). No torch headers.
 #pragma once
 
 #include <algorithm>
