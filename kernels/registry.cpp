@@ -1,7 +1,7 @@
 // Every schema of the baracuda namespace, in one place, so the op surface can
 // be read at a glance. Implementations register per family and backend in
 // kernels/<family>/*_op.cpp; fake kernels and autograd live in Python, but for
-// the forward scans' autograd (kernels/scan/scan_autograd.cpp).
+// the scans' autograd (kernels/scan/scan_autograd.cpp).
 #include <Python.h>
 #include <torch/library.h>
 

@@ -601,6 +601,54 @@ def test_graph_recorded_only_when_needed(device, name, rng):
     torch.testing.assert_close(xg.grad, our_grad(name, x, 1, False, dy))
 
 
+def _scan_backward_inputs(name, x, dim):
+    """scan_backward's saved tensors for `name` on `x`: (x, y, indices)."""
+    if name in EXTREME:
+        return None, None, ours(name, x, dim)[1]
+    if name == "cumsum":
+        return None, None, None
+    return x, ours(name, x, dim), None
+
+
+@pytest.mark.parametrize("name", ALL_OPS)
+def test_scan_backward_graph_recorded_only_when_needed(device, name, rng):
+    """scan_backward's autograd (C++): a node only where grad mode is on and
+    grad, x or y requires grad; then its gradient is the double backward."""
+    op = torch.ops.baracuda.scan_backward.default
+    x = torch.randn(3, 5, generator=rng, dtype=torch.float64).to(device) + 2
+    dy = torch.randn(3, 5, generator=rng, dtype=torch.float64).to(device)
+    sx, sy, idx = _scan_backward_inputs(name, x, 1)
+    plain = op(dy, sx, sy, idx, 1, name, False)
+    with torch.no_grad():
+        no_grad = op(dy.clone().requires_grad_(), sx, sy, idx, 1, name, False)
+    assert plain.grad_fn is None and no_grad.grad_fn is None and not no_grad.requires_grad
+    dyg = dy.clone().requires_grad_()
+    graphed = op(dyg, sx, sy, idx, 1, name, False)
+    assert graphed.grad_fn is not None
+    torch.testing.assert_close(graphed.detach(), plain)
+    # Linear in dy: its gradient along gg is the backward's transpose.
+    gg = torch.randn(3, 5, generator=rng, dtype=torch.float64).to(device)
+    (got,) = torch.autograd.grad(graphed, dyg, gg)
+    eps = torch.randn(3, 5, generator=rng, dtype=torch.float64).to(device)
+    lhs = (op(eps, sx, sy, idx, 1, name, False) * gg).sum()
+    torch.testing.assert_close((eps * got).sum(), lhs)
+
+
+@pytest.mark.parametrize("name", ["cumprod", "logcumsumexp"])
+def test_triple_backward(device, name, rng):
+    """The double backward is built of differentiable ops: third derivatives
+    check out too."""
+    x = torch.randn(5, generator=rng, dtype=torch.float64).to(device)
+    x = (x + torch.sign(x) * 0.5).requires_grad_()
+    dy = torch.randn(5, generator=rng, dtype=torch.float64).to(device)
+
+    def first_derivative(t):
+        (g,) = torch.autograd.grad(ours(name, t, 0), t, dy, create_graph=True)
+        return g
+
+    assert torch.autograd.gradgradcheck(first_derivative, (x,))
+
+
 @pytest.mark.parametrize("name", ALL_OPS)
 @pytest.mark.parametrize("reverse", [False, True])
 def test_gradcheck_and_gradgradcheck(device, name, reverse, rng):

@@ -1,11 +1,10 @@
-// Autograd of the five forward scans, in C++. A Python autograd kernel
-// (torch.library.register_autograd) runs Python on every call, grad or no
-// grad, and cost a small scan more host time than the scan itself; here a
-// call that needs no graph goes straight below autograd, and one that does
-// records one node whose backward is the scan_backward op. scan_backward's
-// own autograd (double backward) stays in Python (baracuda_torch/scan.py):
-// its formulas are compositions of torch ops and run only under
-// create_graph.
+// Autograd of the scans, in C++: the five forward ops and scan_backward. A
+// Python autograd kernel (torch.library.register_autograd) runs Python on
+// every call, grad or no grad, and cost a small scan more host time than the
+// scan itself; here a call that needs no graph goes straight below autograd,
+// and one that does records one node. The forward ops' backward is the
+// scan_backward op; scan_backward's (double backward) is the vector-Jacobian
+// product of scan_double_backward.cpp, itself differentiable.
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/GradMode.h>
@@ -15,6 +14,8 @@
 #include <optional>
 #include <string>
 #include <tuple>
+
+#include "scan/scan_double_backward.h"
 
 namespace baracuda {
 namespace {
@@ -34,17 +35,8 @@ c10::TypedOperatorHandle<Fn> find_op(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Fn>();
 }
 
-at::Tensor scan_backward(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& y,
-                         const at::Tensor& indices, int64_t dim, const std::string& kind,
-                         bool reverse) {
-  static const auto op = find_op<ScanBackwardFn>("baracuda::scan_backward");
-  const auto maybe = [](const at::Tensor& t) {
-    return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
-  };
-  return op.call(grad, maybe(x), maybe(y), maybe(indices), dim, kind, reverse);
-}
-
 bool needs_graph(const at::Tensor& x) { return c10::GradMode::is_enabled() && x.requires_grad(); }
+bool needs_graph(const std::optional<at::Tensor>& x) { return x.has_value() && needs_graph(*x); }
 
 // The kind scan_backward takes: the op's name without its namespace.
 std::string kind_of(const char* op_name) { return op_name + sizeof("baracuda::") - 1; }
@@ -71,7 +63,7 @@ struct ValueScan : public torch::autograd::Function<ValueScan> {
       x = saved[0];
       y = saved[1];
     }
-    const at::Tensor dx = scan_backward(grads[0], x, y, at::Tensor(),
+    const at::Tensor dx = scan_backward_op(grads[0], x, y, at::Tensor(),
                                         ctx->saved_data["dim"].toInt(), kind,
                                         ctx->saved_data["reverse"].toBool());
     return {dx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
@@ -97,11 +89,51 @@ struct IndexedScan : public torch::autograd::Function<IndexedScan> {
     const at::Tensor indices = ctx->get_saved_variables()[0];
     // Where only the indices were used, autograd hands in zeros for the
     // values' gradient (grads are materialised), so grads[0] is defined.
-    const at::Tensor dx = scan_backward(grads[0], at::Tensor(), at::Tensor(), indices,
+    const at::Tensor dx = scan_backward_op(grads[0], at::Tensor(), at::Tensor(), indices,
                                         ctx->saved_data["dim"].toInt(),
                                         ctx->saved_data["kind"].toStringRef(),
                                         ctx->saved_data["reverse"].toBool());
     return {dx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// scan_backward(grad, x?, y?, indices?, ...) -> dx. What its backward reads
+// is saved per kind (ScanBackwardSaved); indices carry no gradient.
+struct ScanBackward : public torch::autograd::Function<ScanBackward> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& grad,
+                            const std::optional<at::Tensor>& x,
+                            const std::optional<at::Tensor>& y,
+                            const std::optional<at::Tensor>& indices, int64_t dim,
+                            const std::string& kind, bool reverse,
+                            const c10::TypedOperatorHandle<ScanBackwardFn>& op) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    at::Tensor dx = op.call(grad, x, y, indices, dim, kind, reverse);
+    const int64_t rank = grad.dim();
+    ctx->saved_data["dim"] = rank == 0 ? dim : (dim % rank + rank) % rank;
+    ctx->saved_data["reverse"] = reverse;
+    ctx->saved_data["kind"] = kind;
+    const bool reads_xy = kind == "cumprod" || kind == "logcumsumexp";
+    const auto keep = [](bool needed, const std::optional<at::Tensor>& t) {
+      return needed && t.has_value() ? *t : at::Tensor();
+    };
+    ctx->save_for_backward({reads_xy ? grad : at::Tensor(), keep(reads_xy, x), keep(reads_xy, y),
+                            keep(kind == "cummax" || kind == "cummin", indices),
+                            kind == "logcumsumexp" ? dx : at::Tensor()});
+    return dx;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    ScanBackwardSaved s;
+    s.grad = saved[0];
+    s.x = saved[1];
+    s.y = saved[2];
+    s.indices = saved[3];
+    s.dx = saved[4];
+    s.dim = ctx->saved_data["dim"].toInt();
+    s.kind = ctx->saved_data["kind"].toStringRef();
+    s.reverse = ctx->saved_data["reverse"].toBool();
+    const ScanBackwardVjp v = scan_backward_vjp(grads[0], s);
+    return {v.grad, v.x, v.y, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -126,6 +158,18 @@ std::tuple<at::Tensor, at::Tensor> indexed_scan(const at::Tensor& x, int64_t dim
   return {out[0], out[1]};
 }
 
+at::Tensor scan_backward(const at::Tensor& grad, const std::optional<at::Tensor>& x,
+                         const std::optional<at::Tensor>& y,
+                         const std::optional<at::Tensor>& indices, int64_t dim,
+                         c10::string_view kind, bool reverse) {
+  static const auto op = find_op<ScanBackwardFn>("baracuda::scan_backward");
+  if (!needs_graph(grad) && !needs_graph(x) && !needs_graph(y)) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    return op.call(grad, x, y, indices, dim, kind, reverse);
+  }
+  return ScanBackward::apply(grad, x, y, indices, dim, std::string(kind), reverse, op);
+}
+
 constexpr char kCumsum[] = "baracuda::cumsum";
 constexpr char kCumprod[] = "baracuda::cumprod";
 constexpr char kLogcumsumexp[] = "baracuda::logcumsumexp";
@@ -140,6 +184,7 @@ TORCH_LIBRARY_IMPL(baracuda, Autograd, m) {
   m.impl("logcumsumexp", &value_scan<kLogcumsumexp>);
   m.impl("cummax", &indexed_scan<kCummax>);
   m.impl("cummin", &indexed_scan<kCummin>);
+  m.impl("scan_backward", &scan_backward);
 }
 
 }  // namespace baracuda
