@@ -1,4 +1,5 @@
-// The scan benchmark's cases (bench_scan.py) timed at the launcher level: the
+// The scan benchmark's cases (bench_scan.py, and the few-column shapes of
+// bench_scan_shapes.py and short rows) timed at the launcher level: the
 // CUDA launchers of kernels/scan called from C++, no torch. It builds in a
 // minute (scan_launch_timer.sh), so a kernel variant can be measured without
 // building the extension, and it times the device alone: launches queue up
@@ -64,8 +65,18 @@ float median(std::vector<float> v) {
   return v[v.size() / 2];
 }
 
+// Keeps the GPU busy for `cycles` clocks.
+__global__ void spin_kernel(long long cycles) {
+  const long long start = clock64();
+  while (clock64() - start < cycles) {
+  }
+}
+
 // Median microseconds of `launch(r)` over `reps` calls. No sync between
-// calls: the events time the device, not the host's launch latency.
+// calls, and the timed calls queue up behind a spin of a few milliseconds
+// (longer than the host takes to enqueue them all), so even a case shorter
+// than its launches runs back to back: the events time the device, not the
+// host's launch latency.
 template <typename Launch>
 float median_us(Launch&& launch, int reps = 30, int warmup = 5) {
   for (int r = 0; r < warmup; ++r) launch(r);
@@ -74,6 +85,7 @@ float median_us(Launch&& launch, int reps = 30, int warmup = 5) {
     check_cuda(cudaEventCreate(&start[r]), "cudaEventCreate");
     check_cuda(cudaEventCreate(&stop[r]), "cudaEventCreate");
   }
+  spin_kernel<<<1, 1>>>(10'000'000);
   for (int r = 0; r < reps; ++r) {
     check_cuda(cudaEventRecord(start[r]), "cudaEventRecord");
     launch(r);
@@ -273,9 +285,17 @@ int main(int argc, char** argv) {
     const char* label;
     ScanShape shape;
   };
+  // The issue's three shapes, the few-column shapes of bench_scan_shapes.py
+  // (the columns and column_tiles paths), and short rows (columns too, a
+  // thread per row).
   const Shape shapes[] = {{"[4096, 8192] dim=-1", {4096, 8192, 1}},
                           {"[4096, 8192] dim=0", {1, 4096, 8192}},
-                          {"[1, 16777216]", {1, 1 << 24, 1}}};
+                          {"[1, 16777216]", {1, 1 << 24, 1}},
+                          {"[16, 2048, 64] dim=1", {16, 2048, 64}},
+                          {"[8, 4096, 3] dim=1", {8, 4096, 3}},
+                          {"[128, 1000, 7] dim=1", {128, 1000, 7}},
+                          {"[4096, 96] dim=0", {1, 4096, 96}},
+                          {"[1048576, 16] dim=-1", {1048576, 16, 1}}};
   std::mt19937 gen(0);
   std::normal_distribution<float> normal;
   for (const bool bf16 : {false, true}) {

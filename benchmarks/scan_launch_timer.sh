@@ -6,9 +6,10 @@
 #
 # SCAN_DTYPE=bf16|f32 keeps one dtype; SCAN_X=bench draws every op's x as
 # the benchmark does (near 1); NVCC_ARCH (default 90a) picks the GPU
-# target; NVCC_FLAGS adds flags to the kernels' compile (a -D to try a
-# variant); TIMER_BIN (default build/scan_launch_timer) is where the program
-# goes; BUILD_ONLY=1 builds without running.
+# target; NVCC_FLAGS adds flags to the kernels' and the timer's compile (a
+# -D to try a variant: the timer sizes workspaces from the same plan);
+# TIMER_BIN (default build/scan_launch_timer) is where the program goes;
+# BUILD_ONLY=1 builds without running.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${TIMER_BIN:-build/scan_launch_timer}
@@ -24,7 +25,8 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # shellcheck disable=SC2086  # NVCC_FLAGS is a list of flags
 nvcc "${flags[@]}" ${NVCC_FLAGS:-} -c kernels/scan/scan.cu -o "$tmp/scan.o"
-nvcc "${flags[@]}" -c benchmarks/scan_launch_timer.cu -o "$tmp/timer.o"
+# shellcheck disable=SC2086  # as above
+nvcc "${flags[@]}" ${NVCC_FLAGS:-} -c benchmarks/scan_launch_timer.cu -o "$tmp/timer.o"
 g++ -O2 -std=c++17 -Ikernels -c kernels/scan/scan_cpu.cpp -o "$tmp/scan_cpu.o"
 nvcc "-gencode=arch=compute_$arch,code=sm_$arch" "$tmp/scan.o" "$tmp/timer.o" "$tmp/scan_cpu.o" -o "$bin"
 if [[ ${BUILD_ONLY:-0} != 1 ]]; then
