@@ -22,16 +22,20 @@ NAN, INF = float("nan"), float("inf")
 
 # Shapes / dims that reach each CUDA path (scan_plan.h).
 PATH_CASES = [
-    ((3, 700), -1, "rows"),
+    ((3, 1700), -1, "rows"),
     ((2, 300000), -1, "long_rows"),  # several tile groups per row
     ((256, 2100), 1, "rows"),        # two chunks per row
-    ((5, 1001), -1, "rows"),         # odd rows: most start off a 16-byte boundary
+    ((5, 2001), -1, "rows"),         # odd rows: most start off a 16-byte boundary
+    ((500, 9), -1, "row_groups"),    # two lanes a row, a last warp part full
+    ((70, 1), -1, "row_groups"),     # rows of one element
+    ((37, 64), -1, "row_groups"),    # eight lanes a row
+    ((33, 1000), -1, "row_groups"),  # a warp a row, four chunks, the last ragged
+    ((9, 257), -1, "row_groups"),    # a warp a row, one element into a second chunk
     ((1, 50000), -1, "long_rows"),
     ((300, 7), 0, "columns"),       # several segments per column
     ((3, 20000, 1), 1, "long_rows"),
     ((3, 40), 0, "columns"),        # one segment
     ((2, 33, 5, 3), 1, "columns"),
-    ((500, 9), -1, "columns"),      # short rows: a thread per row
     ((300, 1100), 0, "column_tiles"),
     ((1100, 1024), 0, "column_tiles"),  # several tile groups per column
     ((40, 3, 512), 0, "column_tiles"),
@@ -120,7 +124,7 @@ def test_forward_every_dtype_dim_and_direction(device, dtype, name, rng):
 @pytest.mark.parametrize("name", ALL_OPS)
 def test_forward_every_dtype_on_every_path(device, dtype, name, rng):
     # Storage size picks the CUDA kernels' items per thread and vector loads.
-    for shape, dim, _ in ONE_PER_PATH + [((5, 1001), -1, "rows")]:
+    for shape, dim, _ in ONE_PER_PATH + [((5, 2001), -1, "rows"), ((33, 1000), -1, "row_groups")]:
         x = random_input(shape, dtype, device, rng, name)
         for reverse in (False, True):
             check(name, x, dim, reverse)
@@ -139,6 +143,8 @@ def test_paths():
     meta = lambda *s: torch.empty(s, device="meta")  # noqa: E731
     assert bt.scan_path(meta(0, 5), 1) == "empty"
     assert bt.scan_path(meta(4096, 8192), -1) == "rows"
+    assert bt.scan_path(meta(4096, 1024), -1) == "row_groups"
+    assert bt.scan_path(meta(4096, 1025), -1) == "rows"
     assert bt.scan_path(meta(4096, 8192), 0) == "column_strips"
     assert bt.scan_path(meta(1100, 1024), 0) == "column_tiles"  # too few strips
     assert bt.scan_path(meta(300, 100, 40), 1) == "column_tiles"  # strip lanes 3 in 8 idle
@@ -441,13 +447,13 @@ def test_logcumsumexp_nan_and_inf_inside_runs(device, dtype, shape, dim, path, r
 # (scan_warp_rows.cuh): 8448 rows make two full rounds of 32 warps on each
 # of 132 SMs, and on 108 SMs 2.4 rounds, over three quarters of three. A
 # row of 264 is one chunk of 256 and a ragged one; shifted off a 16-byte
-# boundary, the rows go to the block kernel.
+# boundary, the rows go to the row-group kernel (the path's other kernel).
 WARP_ROWS = (8448, 264)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_logcumsumexp_two_byte_rows_a_warp_each(device, dtype, rng):
-    assert bt.scan_path(torch.empty(WARP_ROWS, device="meta"), -1) == "rows"
+    assert bt.scan_path(torch.empty(WARP_ROWS, device="meta"), -1) == "row_groups"
     n = WARP_ROWS[1]
     pos = torch.arange(n, dtype=torch.float64)
     noise = torch.randn(WARP_ROWS, generator=rng, dtype=torch.float64)

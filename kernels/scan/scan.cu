@@ -15,6 +15,7 @@
 #include "scan/scan_kernels.h"
 #include "scan/scan_plan.h"
 #include "scan/scan_publish.cuh"
+#include "scan/scan_row_groups.cuh"
 #include "scan/scan_segments.cuh"
 #include "scan/scan_strips.cuh"
 #include "scan/scan_warp_rows.cuh"
@@ -474,6 +475,11 @@ KernelStatus launch(const Op& op, const ScanShape& s, bool reverse, void* worksp
   }
   switch (plan.path) {
     case ScanPath::kEmpty: return KernelStatus::ok();
+    case ScanPath::kRowGroups: {
+      KernelStatus st = KernelStatus::ok();
+      if (s.len >= kWarpChunk && launch_warp_rows(op, s, reverse, {}, stream, st)) return st;
+      return launch_row_groups(op, s, reverse, stream);
+    }
     case ScanPath::kRows:
       return launch_rows(op, s, reverse, {}, stream);
     case ScanPath::kLongRows: {

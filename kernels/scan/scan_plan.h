@@ -2,7 +2,13 @@
 // much workspace it needs. Host-only and framework-free: the op layer uses it
 // to size the workspace and to report the path; the launcher to launch.
 //
-//   rows       inner == 1: one block per row walks it in chunks of
+//   row_groups inner == 1, rows of at most kRowGroupMaxLen: a group of
+//              lanes per row (scan_row_groups.cuh), 2 to 32 of them, each
+//              holding 16 bytes of elements; a whole warp walks longer rows
+//              in chunks. Or, for two-byte logcumsumexp rows of 256
+//              or more, one warp per row (scan_warp_rows.cuh: the
+//              launcher's choice, same path name).
+//   rows       inner == 1, longer rows: one block per row walks it in chunks of
 //              kRowChunk, carrying the prefix from chunk to chunk; or, for
 //              two-byte logcumsumexp rows with rows enough, one warp per row
 //              (scan_warp_rows.cuh: the launcher's choice, same path name).
@@ -34,9 +40,7 @@
 //              column.
 //   columns    the other inner > 1 shapes: one thread per (outer, inner)
 //              column walks the axis; long axes are cut into `segments`
-//              pieces: reduce each, scan the segment totals, rescan. Short
-//              rows (inner == 1, len <= kShortRow) take it too, a thread per
-//              row: a whole block per row of a few elements would idle.
+//              pieces: reduce each, scan the segment totals, rescan.
 #pragma once
 
 #include <algorithm>
@@ -46,7 +50,15 @@
 
 namespace baracuda {
 
-enum class ScanPath : int { kEmpty, kRows, kLongRows, kColumnStrips, kColumnTiles, kColumns };
+enum class ScanPath : int {
+  kEmpty,
+  kRowGroups,
+  kRows,
+  kLongRows,
+  kColumnStrips,
+  kColumnTiles,
+  kColumns
+};
 
 constexpr int kScanBlock = 256;         // threads of a row / tile block
 constexpr int kScanItems = 8;           // consecutive elements per thread
@@ -61,7 +73,9 @@ constexpr int64_t kWorkspaceSlotBytes = 16;  // every scan state fits in 16 byte
 constexpr int64_t kTargetThreads = int64_t(1) << 18;
 constexpr int64_t kMinSegmentLen = 32;
 constexpr int64_t kMaxGridY = 65535;
-constexpr int64_t kShortRow = 32;
+// Rows up to this long take row_groups: a block per row (256 threads, 8
+// elements each) would leave most of its threads idle.
+constexpr int64_t kRowGroupMaxLen = 1024;
 // Grid of the block-stride kernels (rows, strips): blocks beyond this loop.
 constexpr int64_t kMaxBlocks = int64_t(1) << 30;
 
@@ -115,7 +129,11 @@ struct ScanPlan {
 inline ScanPlan plan_scan(const ScanShape& s) {
   ScanPlan p;
   if (s.numel() == 0) return p;
-  if (s.inner == 1 && s.len > kShortRow) {
+  if (s.inner == 1 && s.len <= kRowGroupMaxLen) {
+    p.path = ScanPath::kRowGroups;
+    return p;
+  }
+  if (s.inner == 1) {
     const int64_t tiles = (s.len + kTileLen - 1) / kTileLen;
     // A few long rows would leave most SMs idle with one block per row.
     if (tiles >= 2 && s.outer * 4 < kTargetThreads / kScanBlock) {
@@ -172,6 +190,7 @@ inline int64_t scan_workspace_bytes(const ScanShape& s) {
 inline const char* scan_path_name(ScanPath path) {
   switch (path) {
     case ScanPath::kEmpty: return "empty";
+    case ScanPath::kRowGroups: return "row_groups";
     case ScanPath::kRows: return "rows";
     case ScanPath::kLongRows: return "long_rows";
     case ScanPath::kColumnStrips: return "column_strips";
