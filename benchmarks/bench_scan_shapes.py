@@ -1,5 +1,5 @@
 """Scans on shapes users meet, against torch: every op forward and backward
-(float32 and bfloat16) on short and long rows, a middle dimension with wide,
+(float32 and bfloat16) on many short rows, on short and long rows, a middle dimension with wide,
 narrow and odd inner sizes, and a row length that is no multiple of
 anything. The issue's three shapes are in ``bench_scan.py``; these are here
 so that no shape a model uses is slower than torch without anyone seeing it.
@@ -17,6 +17,9 @@ from bench_scan import OPS, _backward_case, _forward_cases
 # (shape, dim) pairs.
 SHAPES = [
     ((32, 128), -1),           # a batch of short sequences
+    ((1 << 20, 16), -1),       # many short rows (a thread per row)
+    ((1 << 18, 64), -1),       # many rows of a few dozen
+    ((1 << 16, 256), -1),
     ((256, 4096), -1),
     ((32, 32768), -1),
     ((8, 262144), -1),         # a few long rows (long_rows)
