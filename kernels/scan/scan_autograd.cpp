@@ -6,7 +6,6 @@
 // scan_backward op; scan_backward's (double backward) is the vector-Jacobian
 // product of scan_double_backward.cpp, itself differentiable.
 #include <ATen/core/Tensor.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
@@ -16,24 +15,13 @@
 #include <tuple>
 
 #include "scan/scan_double_backward.h"
+#include "scan/scan_op_handles.h"
 
 namespace baracuda {
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-using ValueScanFn = at::Tensor(const at::Tensor&, int64_t, bool);
-using IndexedScanFn = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, int64_t, bool);
-using ScanBackwardFn =
-    at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&,
-               const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, int64_t,
-               c10::string_view, bool);
-
-template <typename Fn>
-c10::TypedOperatorHandle<Fn> find_op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Fn>();
-}
 
 bool needs_graph(const at::Tensor& x) { return c10::GradMode::is_enabled() && x.requires_grad(); }
 bool needs_graph(const std::optional<at::Tensor>& x) { return x.has_value() && needs_graph(*x); }

@@ -7,7 +7,6 @@
 
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/full_like.h>
 #include <ATen/ops/ones_like.h>
@@ -16,13 +15,18 @@
 
 #include <optional>
 
+#include "scan/scan_op_handles.h"
+
 namespace baracuda {
 namespace {
 
-using ValueScanFn = at::Tensor(const at::Tensor&, int64_t, bool);
+at::Tensor baracuda_cumsum(const at::Tensor& x, int64_t dim, bool reverse) {
+  static const auto op = find_op<ValueScanFn>("baracuda::cumsum");
+  return op.call(x, dim, reverse);
+}
 
-at::Tensor value_scan(const char* name, const at::Tensor& x, int64_t dim, bool reverse) {
-  const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<ValueScanFn>();
+at::Tensor baracuda_logcumsumexp(const at::Tensor& x, int64_t dim, bool reverse) {
+  static const auto op = find_op<ValueScanFn>("baracuda::logcumsumexp");
   return op.call(x, dim, reverse);
 }
 
@@ -81,9 +85,8 @@ ScanBackwardVjp cumprod_vjp(const at::Tensor& gg, const at::Tensor& dy, const at
 ScanBackwardVjp logcumsumexp_vjp(const at::Tensor& gg, const at::Tensor& dy,
                                  const at::Tensor& x, const at::Tensor& y, const at::Tensor& dx,
                                  int64_t dim, bool reverse) {
-  const char* lcse = "baracuda::logcumsumexp";
-  const at::Tensor pos = value_scan(lcse, x + gg.clamp_min(0).log(), dim, reverse);
-  const at::Tensor neg = value_scan(lcse, x + (-gg).clamp_min(0).log(), dim, reverse);
+  const at::Tensor pos = baracuda_logcumsumexp(x + gg.clamp_min(0).log(), dim, reverse);
+  const at::Tensor neg = baracuda_logcumsumexp(x + (-gg).clamp_min(0).log(), dim, reverse);
   const at::Tensor dead = y.isneginf();
   const at::Tensor zeros = at::zeros_like(y);
   const at::Tensor y_safe = at::where(dead, zeros, y);
@@ -96,12 +99,7 @@ ScanBackwardVjp logcumsumexp_vjp(const at::Tensor& gg, const at::Tensor& dy,
 at::Tensor scan_backward_op(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& y,
                             const at::Tensor& indices, int64_t dim, c10::string_view kind,
                             bool reverse) {
-  using Fn = at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&,
-                        const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-                        int64_t, c10::string_view, bool);
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("baracuda::scan_backward", "")
-                             .typed<Fn>();
+  static const auto op = find_op<ScanBackwardFn>("baracuda::scan_backward");
   const auto maybe = [](const at::Tensor& t) {
     return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
   };
@@ -109,7 +107,7 @@ at::Tensor scan_backward_op(const at::Tensor& grad, const at::Tensor& x, const a
 }
 
 ScanBackwardVjp scan_backward_vjp(const at::Tensor& gg, const ScanBackwardSaved& s) {
-  if (s.kind == "cumsum") return {value_scan("baracuda::cumsum", gg, s.dim, s.reverse), {}, {}};
+  if (s.kind == "cumsum") return {baracuda_cumsum(gg, s.dim, s.reverse), {}, {}};
   if (s.kind == "cummax" || s.kind == "cummin") {
     return {gg.dim() == 0 ? gg : gg.gather(s.dim, s.indices), {}, {}};
   }

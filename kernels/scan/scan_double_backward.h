@@ -1,19 +1,12 @@
-// scan_backward called through the dispatcher, and its vector-Jacobian
-// product (scan_double_backward.cpp) for scan_backward's autograd node.
+// The vector-Jacobian product of scan_backward (scan_double_backward.cpp),
+// for scan_backward's autograd node.
 #pragma once
 
 #include <ATen/core/Tensor.h>
-#include <c10/util/string_view.h>
 
 #include <string>
 
 namespace baracuda {
-
-// baracuda::scan_backward with the optional tensors passed as undefined
-// ones where absent.
-at::Tensor scan_backward_op(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& y,
-                            const at::Tensor& indices, int64_t dim, c10::string_view kind,
-                            bool reverse);
 
 // What a scan_backward call keeps for its own backward: `grad` (the dy it
 // was given), x and y for cumprod and logcumsumexp, dx (its output) for
