@@ -265,6 +265,34 @@ def test_backward_every_dtype(device, dtype, name, rng):
             torch.testing.assert_close(got.double().cpu(), ref.cpu(), **t)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", ALL_OPS)
+def test_row_groups_backward_across_chunks(device, dtype, name, rng):
+    # On CUDA, a warp walks rows longer than its lanes hold (32 lanes of 16
+    # bytes: 64 float64, 128 float32, 256 bfloat16 elements a chunk) chunk by
+    # chunk; cumprod's zeros sit on either side of the chunk edges, where its
+    # backward reads a neighbour.
+    chunk = 32 * 16 // torch.empty((), dtype=dtype).element_size()
+    for shape in [(33, 1000), (9, chunk + 1), (5, 4 * chunk - 3)]:
+        assert bt.scan_path(torch.empty(shape, device="meta"), -1) == "row_groups"
+        x = random_input(shape, dtype, "cpu", rng, name)
+        if name == "logcumsumexp":
+            x = torch.randn(shape, generator=rng).to(dtype)
+        if name == "cumprod":
+            for row, at in enumerate([chunk - 1, chunk, 2 * chunk - 1]):
+                if at < shape[1]:
+                    x[row % shape[0], at] = 0
+        dy = torch.randn(shape, generator=rng).to(dtype)
+        x, dy = x.to(device), dy.to(device)
+        for reverse in (False, True):
+            got = our_grad(name, x, -1, reverse, dy)
+            ref = reference_grad(name, x, -1, reverse, dy)
+            t = tol(dtype, shape[1])
+            if name == "cumprod" and dtype == torch.bfloat16:
+                t = dict(atol=t["atol"] * 4, rtol=t["rtol"] * 4)  # the saved y is rounded
+            torch.testing.assert_close(got.double().cpu(), ref.cpu(), **t)
+
+
 def off_boundary(t, k=1):
     """The same values, contiguous, starting k elements past where an
     allocation (16-byte aligned) starts."""
