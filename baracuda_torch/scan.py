@@ -106,10 +106,12 @@ def cummin(x: Tensor, dim: int, *, reverse: bool = False):
 def scan_path(x: Tensor, dim: int) -> str:
     """Which CUDA path a scan of ``x`` along ``dim`` takes: ``row_groups``
     (scan axis innermost, rows of at most 1024: a group of 2 to 32 lanes per
-    row), ``rows`` (longer rows, a block per row), ``long_rows`` (few very long rows, cut
-    into tiles), ``column_tiles`` (scan axis not innermost, at least 1024
-    columns, axis up to 32768 long: one pass over tiles), ``columns`` (other
-    non-innermost axes: a thread per column) or ``empty``."""
+    row), ``rows`` (longer rows, a block per row), ``long_rows`` (few very
+    long rows, cut into tiles), ``column_strips`` (scan axis not innermost,
+    columns enough for 256 strips of 32: a block walks the axis per strip),
+    ``column_tiles`` (fewer columns, at least 1024, axis up to 32768 long:
+    one pass over tiles), ``columns`` (other non-innermost axes: a thread per
+    column) or ``empty``."""
     return _OPS.scan_path.default(x, dim)
 
 

@@ -286,8 +286,7 @@ int main(int argc, char** argv) {
     ScanShape shape;
   };
   // The issue's three shapes, the few-column shapes of bench_scan_shapes.py
-  // (the columns and column_tiles paths), and short rows (columns too, a
-  // thread per row).
+  // (the columns and column_tiles paths), and many short rows (row_groups).
   const Shape shapes[] = {{"[4096, 8192] dim=-1", {4096, 8192, 1}},
                           {"[4096, 8192] dim=0", {1, 4096, 8192}},
                           {"[1, 16777216]", {1, 1 << 24, 1}},

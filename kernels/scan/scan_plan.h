@@ -8,10 +8,11 @@
 //              in chunks. Or, for two-byte logcumsumexp rows of 256
 //              or more, one warp per row (scan_warp_rows.cuh: the
 //              launcher's choice, same path name).
-//   rows       inner == 1, longer rows: one block per row walks it in chunks of
-//              kRowChunk, carrying the prefix from chunk to chunk; or, for
-//              two-byte logcumsumexp rows with rows enough, one warp per row
-//              (scan_warp_rows.cuh: the launcher's choice, same path name).
+//   rows       inner == 1, longer rows: one block per row walks it in
+//              chunks of kRowChunk, carrying the prefix from chunk to chunk;
+//              or, for two-byte logcumsumexp rows with rows enough, one warp
+//              per row (scan_warp_rows.cuh: the launcher's choice, same path
+//              name).
 //   long_rows  inner == 1, few long rows: one pass over tiles of one or
 //              more chunks (scan.cu), held in registers. Tiles take tickets
 //              in order, publish their totals, and each group of kGroupTiles
