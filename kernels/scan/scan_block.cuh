@@ -340,6 +340,15 @@ __device__ StateOf<Op> store_run(const Op& op, const Line& line, int64_t first, 
   return run;
 }
 
+// Stores a run's inclusive states (as scan_thread_run leaves them), element
+// by element; what a store reads besides the state it reads on the spot.
+template <int kItems, typename Op>
+__device__ void store_inclusive_run(const Op& op, const Line& line, int64_t first, int64_t p_end,
+                                    const StateOf<Op> (&incl)[kItems]) {
+  LineWalk w = LineWalk::from<kItems>(line, first, p_end);
+  w.for_each_valid<kItems, kWholeRunPath<Op>>([&](int k) { op.store(w.off, w.l, incl[k]); });
+}
+
 // Direct runs of a PlainIo op: thread t's kItems consecutive scan positions
 // are one 16-byte vector, read and written in the blocked order the scan
 // wants, with no exchange through shared memory; a warp's vectors are 512

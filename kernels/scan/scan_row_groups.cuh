@@ -1,17 +1,18 @@
 // Rows of at most kRowGroupMaxLen elements (scan_plan.h), a group of lanes
 // each: a group of G lanes (a power of two, 2 to 32) holds kRowGroupItems
 // consecutive elements a lane, so a row that fits is one load, one scan
-// across the group by shuffles, one store -- no shared memory, no barrier,
-// and no lane idles for want of elements beyond rounding to a power of two.
-// Longer rows (up to kRowGroupMaxLen) are walked by a whole warp in chunks,
-// carrying the prefix. A block per row (the rows kernel) would
-// leave all but len / 8 of its 256 threads idle on such rows, and a thread
-// per row makes every load instruction touch 32 rows. Generic over the ops:
-// the per-thread runs of the columns path (load_run / store_run). Included
-// by scan.cu alone. No torch headers.
+// across the group by shuffles, one store -- no barrier, and no lane idles
+// for want of elements beyond rounding to a power of two. Longer rows (up to
+// kRowGroupMaxLen) are walked by a whole warp in chunks, carrying the
+// prefix. A block per row (the rows kernel) would leave all but len / 8 of
+// its 256 threads idle on such rows, and a thread per row makes every load
+// instruction touch 32 rows. Generic over the ops; how a lane's elements
+// move depends on the op (GroupIo). Included by scan.cu alone. No torch
+// headers.
 #pragma once
 
 #include <cub/util_ptx.cuh>
+#include <cub/warp/warp_exchange.cuh>
 
 #include <algorithm>
 #include <cstdint>
@@ -26,46 +27,186 @@ namespace scan {
 constexpr int kRowGroupBlock = 128;
 
 // Consecutive elements a lane holds: 16 bytes of the input (8 two-byte, 4
-// four-byte, 2 eight-byte). A lane's loads are one element each, and every
-// load instruction of a warp asks L2 again for the sectors its lanes' runs
-// span, so longer runs ask for the same bytes more often: on H100, 8 float32
-// elements a lane took a [1048576, 16] cumsum 155 us, where 8 bfloat16 (16
-// bytes, the same count of elements) took 43.
+// four-byte, 2 eight-byte), one vector. (Loaded element by element, as they
+// all once were, longer runs asked L2 for the same sectors more often: on
+// H100, 8 float32 elements a lane took a [1048576, 16] cumsum 155 us, where
+// 8 bfloat16, the same count of elements in 16 bytes, took 43.)
 template <typename Op>
 constexpr int kRowGroupItems =
     std::max(2, std::min(kScanItems, int(16 / sizeof(typename Op::Storage))));
 
+// How a lane's run moves. Where its row lies so that runs are 16-byte
+// vectors (whole_runs_fit) and the run ends before the row does:
+// - kDirect (PlainIo ops): one vector in, one out (load_direct,
+//   store_direct);
+// - kWhole (kWholeRunIo ops): a vector per input in, one out
+//   (fetch_whole_run, store_whole_run);
+// - kWholeInExchangeOut (ops that read one array: cummax / cummin forward):
+//   a vector in, and the outputs, an int64 index among them, through a warp
+//   exchange, stored striped.
+// Elsewhere these three go element by element (load_run,
+// store_inclusive_run), where every load instruction of a warp asks L2 again
+// for the sectors its lanes' runs span and every store writes part of each
+// sector it touches. The other ops (cummax / cummin backward: a gradient and
+// int64 indices in) go through the warp exchange both ways (kExchange), so
+// that every load and store instruction of a warp covers whole sectors --
+// but two-byte types element by element always (kElements): their striped
+// two-byte loads and stores, a 64-byte access per instruction, and the
+// exchange of eight 8-byte states a lane ran slower. H100, launcher timer:
+// float32 cummax backward on [65536, 256] 115 -> 99 us through the
+// exchange, bfloat16 123 -> 153 (benchmarks/RESULTS.md).
+enum class GroupIo { kDirect, kWhole, kWholeInExchangeOut, kExchange, kElements };
+
+template <typename Op>
+constexpr GroupIo kGroupIo = HasPlainIo<Op>::value               ? GroupIo::kDirect
+                             : HasWholeRunIo<Op>::value          ? GroupIo::kWhole
+                             : ReadsOneArray<Op>::value          ? GroupIo::kWholeInExchangeOut
+                             : sizeof(typename Op::Storage) >= 4 ? GroupIo::kExchange
+                                                                 : GroupIo::kElements;
+
+// Whether a lane's run moves as vectors where its row allows.
+template <typename Op>
+constexpr bool kGroupVectors = kGroupIo<Op> == GroupIo::kDirect || kGroupIo<Op> == GroupIo::kWhole ||
+                               kGroupIo<Op> == GroupIo::kWholeInExchangeOut;
+
+template <typename Op>
+constexpr bool kGroupExchangeIn = kGroupIo<Op> == GroupIo::kExchange;
+template <typename Op>
+constexpr bool kGroupExchangeOut = kGroupExchangeIn<Op> || kGroupIo<Op> == GroupIo::kWholeInExchangeOut;
+
+// Shared memory of a row_groups block: a warp exchange per warp for the ops
+// that use one, nothing otherwise.
+template <typename Op, bool = kGroupExchangeOut<Op>>
+struct GroupShared {
+  using Exchange = cub::WarpExchange<StateOf<Op>, kRowGroupItems<Op>>;
+  typename Exchange::TempStorage exchange[kRowGroupBlock / 32];
+};
+template <typename Op>
+struct GroupShared<Op, false> {};
+
+// A lane's whole run in as vectors, and its inclusive states out
+// (kGroupVectors ops; cummax / cummin forward store through the exchange).
+template <GroupIo kIo, int kItems, typename Op>
+__device__ void load_group_vectors(const Op& op, const Line& line, int64_t first,
+                                   StateOf<Op> (&items)[kItems], AuxOf<Op> (&aux)[kItems]) {
+  if constexpr (kIo == GroupIo::kDirect) {
+    load_direct(op, line, first, items);
+  } else if constexpr (kIo == GroupIo::kWhole || kIo == GroupIo::kWholeInExchangeOut) {
+    unpack_whole_run(op, line, first, fetch_whole_run<kItems>(op, line, first), items, aux);
+  }
+}
+
+template <GroupIo kIo, int kItems, typename Op>
+__device__ void store_group_vectors(const Op& op, const Line& line, int64_t first,
+                                    const StateOf<Op> (&incl)[kItems],
+                                    const AuxOf<Op> (&aux)[kItems]) {
+  if constexpr (kIo == GroupIo::kDirect) {
+    store_direct(op, line, first, incl);
+  } else if constexpr (kIo == GroupIo::kWhole) {
+    store_whole_run(op, line, first, incl, aux);
+  }
+}
+
+// Where element e of a warp's chunk lies: the warp's lanes hold the chunk
+// blocked (lane e / kItems), its groups one row each, so e is position
+// chunk + e % kChunk of row first_row + e / kChunk. Calls f(k, offset, axis
+// position) for the elements a lane holds striped (e = k * 32 + lane), those
+// of rows and positions that exist.
+template <int kItems, int64_t kChunk, typename F>
+__device__ void for_each_striped(int64_t first_row, int64_t outer, int64_t chunk, int64_t len,
+                                 bool reverse, F&& f) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) {
+    const int64_t e = int64_t{k} * 32 + lane;
+    const int64_t r = first_row + e / kChunk;
+    const int64_t p = chunk + e % kChunk;
+    if (r < outer && p < len) {
+      const int64_t l = reverse ? len - 1 - p : p;
+      f(k, r * len + l, l);
+    }
+  }
+}
+
 // Rows first_row, first_row + 1, ... of a warp go to its groups in order; a
-// warp's groups stay in the loop together (the shuffles need every lane),
-// those past the last row loading and storing nothing.
+// warp's groups stay in the loop together (the shuffles and the exchange
+// need every lane), those past the last row loading and storing nothing.
+// Each lane folds its run (fold_run: an op's own run scan where it has
+// one), the group scans the runs' totals by shuffles, and the lane scans
+// its run from its prefix (scan_thread_run), as a rows block does.
 template <typename Op, int kGroup>
 __global__ void __launch_bounds__(kRowGroupBlock)
     row_groups_kernel(Op op, int64_t outer, int64_t len, bool reverse) {
   using State = StateOf<Op>;
+  using Total = TotalOf<Op>;
   constexpr unsigned kAll = 0xffffffffu;
+  constexpr GroupIo kIo = kGroupIo<Op>;
   constexpr int64_t kRowsPerWarp = 32 / kGroup;
   constexpr int kItems = kRowGroupItems<Op>;
   constexpr int64_t kChunk = int64_t{kGroup} * kItems;
+  const TotalsOf<Op> totals = totals_of(op);
+  __shared__ GroupShared<Op> shared;
   const int slot = threadIdx.x % kGroup;
   const int64_t group_in_warp = (threadIdx.x % 32) / kGroup;
   const int64_t warp = (int64_t{blockIdx.x} * kRowGroupBlock + threadIdx.x) / 32;
   const int64_t warps = int64_t{gridDim.x} * (kRowGroupBlock / 32);
+  const auto exchange = [&]() {
+    if constexpr (kGroupExchangeOut<Op>) {
+      return typename GroupShared<Op>::Exchange(shared.exchange[threadIdx.x / 32]);
+    }
+  };
   for (int64_t first_row = warp * kRowsPerWarp; first_row < outer;
        first_row += warps * kRowsPerWarp) {
     const int64_t row = first_row + group_in_warp;
     const bool active = row < outer;
     const Line line{active ? row * len : 0, 1, len, reverse};
     const int64_t p_end = active ? len : 0;
-    State carry = op.identity();
+    bool whole_rows = false;
+    if constexpr (kGroupVectors<Op>) {
+      whole_rows = active && whole_runs_fit<kItems>(op, line);
+    }
+    Total carry = totals.identity();
     for (int64_t chunk = 0; chunk < len; chunk += kChunk) {
       const int64_t first = chunk + int64_t{slot} * kItems;
+      const bool whole = whole_rows && first + kItems <= len;
       State items[kItems];
-      State incl = load_run(op, line, first, p_end, items);
-      warp_inclusive_by_joins<kGroup>(op, incl);
-      State before = cub::ShuffleUp<kGroup>(incl, 1, 0, kAll);
-      if (slot == 0) before = op.identity();
-      store_run(op, line, first, p_end, op.combine(carry, before), items);
-      carry = op.combine(carry, cub::ShuffleIndex<kGroup>(incl, kGroup - 1, kAll));
+      AuxOf<Op> aux[kItems];
+      if constexpr (kIo == GroupIo::kExchange) {
+#pragma unroll
+        for (int k = 0; k < kItems; ++k) items[k] = op.identity();
+        for_each_striped<kItems, kChunk>(first_row, outer, chunk, len, reverse,
+                                         [&](int k, int64_t off, int64_t l) {
+                                           items[k] = op.load(off, l);
+                                         });
+        exchange().StripedToBlocked(items, items);
+        __syncwarp();
+      } else if (whole) {
+        load_group_vectors<kIo>(op, line, first, items, aux);
+      } else {
+        load_run(op, line, first, p_end, items);
+      }
+      // Positions past the row's end hold the identity, so they may be
+      // folded in.
+      RunMemoOf<Op> memo;
+      Total incl = fold_run(op, items, memo);
+      warp_inclusive_by_joins<kGroup>(totals, incl);
+      Total before = cub::ShuffleUp<kGroup>(incl, 1, 0, kAll);
+      if (slot == 0) before = totals.identity();
+      scan_thread_run(op, totals.combine(carry, before), items, memo);
+      carry = totals.combine(carry, cub::ShuffleIndex<kGroup>(incl, kGroup - 1, kAll));
+      if constexpr (kGroupExchangeOut<Op>) {
+        exchange().BlockedToStriped(items, items);
+        for_each_striped<kItems, kChunk>(first_row, outer, chunk, len, reverse,
+                                         [&](int k, int64_t off, int64_t l) {
+                                           op.store(off, l, items[k]);
+                                         });
+        // The next chunk's exchange reuses the warp's shared memory.
+        __syncwarp();
+      } else if (whole) {
+        store_group_vectors<kIo>(op, line, first, items, aux);
+      } else {
+        store_inclusive_run(op, line, first, p_end, items);
+      }
     }
   }
 }
