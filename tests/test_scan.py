@@ -306,9 +306,11 @@ def off_boundary(t, k=1):
 def test_row_groups_vector_and_element_runs(device, dtype, name, rng):
     # On CUDA, a row_groups lane moves its 16 bytes as vectors where its row
     # is 16-byte aligned, element by element where not (and where its run
-    # crosses the row's end); cummax / cummin store through a warp exchange
-    # either way. Rows all aligned, every other one, none; several rows a
-    # warp and a warp a row; forward and backward.
+    # crosses the row's end); cummax / cummin forward store through a warp
+    # exchange either way, their backward brings states (four- and
+    # eight-byte types) or indices (two-byte) through one. Rows all aligned,
+    # every other one, none; several rows a warp and a warp a row; forward
+    # and backward.
     items = 16 // torch.empty((), dtype=dtype).element_size()
     cases = [((37, 8 * items), False),  # four rows a warp, all aligned
              ((37, 8 * items + items // 2), False),  # every other row aligned

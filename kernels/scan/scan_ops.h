@@ -604,8 +604,15 @@ struct ExtremeBackward : KeyedSumCombine<Acc, Pos> {
   const int64_t* indices;
   T* dx;
   static constexpr int kInputBytes = sizeof(T) + sizeof(int64_t);
+  // dy and dx are arrays of T read and written at the element alone, and
+  // indices an int64 array read so (kGradWithIndices): an engine may move
+  // runs of dy and dx as vectors and bring the indices in its own way, and
+  // run load and store on a copy pointed at registers (scan_row_groups.cuh).
+  static constexpr bool kGradWithIndices = true;
   template <typename F> BHD void for_each_input(F&& f) { f(dy), f(indices); }
   template <typename F> BHD void for_each_input(F&& f) const { f(dy), f(indices); }
+  template <typename F> BHD void for_each_output(F&& f) { f(dx); }
+  template <typename F> BHD void for_each_output(F&& f) const { f(dx); }
   BHD State load(int64_t off, int64_t) const {
     return {static_cast<Pos>(indices[off]), to_acc<Acc>(dy[off])};
   }

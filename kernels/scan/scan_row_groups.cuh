@@ -44,55 +44,95 @@ constexpr int kRowGroupItems =
 // - kWholeInExchangeOut (ops that read one array: cummax / cummin forward):
 //   a vector in, and the outputs, an int64 index among them, through a warp
 //   exchange, stored striped.
-// Elsewhere these three go element by element (load_run,
-// store_inclusive_run), where every load instruction of a warp asks L2 again
-// for the sectors its lanes' runs span and every store writes part of each
-// sector it touches. The other ops (cummax / cummin backward: a gradient and
-// int64 indices in) go through the warp exchange both ways (kExchange), so
-// that every load and store instruction of a warp covers whole sectors --
-// but two-byte types element by element always (kElements): their striped
-// two-byte loads and stores, a 64-byte access per instruction, and the
-// exchange of eight 8-byte states a lane ran slower. H100, launcher timer:
-// float32 cummax backward on [65536, 256] 115 -> 99 us through the
-// exchange, bfloat16 123 -> 153 (benchmarks/RESULTS.md).
-enum class GroupIo { kDirect, kWhole, kWholeInExchangeOut, kExchange, kElements };
+// - kIndexedGrad (kGradWithIndices ops of two-byte types: cummax / cummin
+//   backward): the gradient in and out as vectors; the int64 indices loaded
+//   striped, eight bytes a lane and instruction, and brought to their lanes
+//   through a warp exchange, by every lane (the exchange needs them all).
+// Elsewhere these go element by element (load_run, store_inclusive_run),
+// where every load instruction of a warp asks L2 again for the sectors its
+// lanes' runs span and every store writes part of each sector it touches.
+// kExchange (the other ops: four- and eight-byte cummax / cummin backward)
+// loads the states striped, element by element, and stores them so, through
+// a warp exchange both ways, whatever the alignment. H100, launcher timer,
+// cummax backward, element by element / kExchange / kIndexedGrad, us:
+// float32 [65536, 256] 115 / 99 / 98, [262144, 64] 116 / 96 / 107;
+// bfloat16 [65536, 256] 123 / 153 / 87, [1048576, 16] 120 / 173 / 94
+// (striped two-byte accesses are 64 bytes a warp instruction)
+// (benchmarks/RESULTS.md).
+enum class GroupIo { kDirect, kWhole, kWholeInExchangeOut, kIndexedGrad, kExchange };
+
+template <typename Op, typename = void>
+struct HasGradWithIndices : std::false_type {};
+template <typename Op>
+struct HasGradWithIndices<Op, std::enable_if_t<Op::kGradWithIndices>> : std::true_type {};
 
 template <typename Op>
-constexpr GroupIo kGroupIo = HasPlainIo<Op>::value               ? GroupIo::kDirect
-                             : HasWholeRunIo<Op>::value          ? GroupIo::kWhole
-                             : ReadsOneArray<Op>::value          ? GroupIo::kWholeInExchangeOut
-                             : sizeof(typename Op::Storage) >= 4 ? GroupIo::kExchange
-                                                                 : GroupIo::kElements;
-
-// Whether a lane's run moves as vectors where its row allows.
-template <typename Op>
-constexpr bool kGroupVectors = kGroupIo<Op> == GroupIo::kDirect || kGroupIo<Op> == GroupIo::kWhole ||
-                               kGroupIo<Op> == GroupIo::kWholeInExchangeOut;
-
-template <typename Op>
-constexpr bool kGroupExchangeIn = kGroupIo<Op> == GroupIo::kExchange;
-template <typename Op>
-constexpr bool kGroupExchangeOut = kGroupExchangeIn<Op> || kGroupIo<Op> == GroupIo::kWholeInExchangeOut;
+constexpr GroupIo kGroupIo = HasPlainIo<Op>::value           ? GroupIo::kDirect
+                             : HasWholeRunIo<Op>::value      ? GroupIo::kWhole
+                             : ReadsOneArray<Op>::value      ? GroupIo::kWholeInExchangeOut
+                             : HasGradWithIndices<Op>::value && sizeof(typename Op::Storage) == 2
+                                 ? GroupIo::kIndexedGrad
+                                 : GroupIo::kExchange;
 
 // Shared memory of a row_groups block: a warp exchange per warp for the ops
-// that use one, nothing otherwise.
-template <typename Op, bool = kGroupExchangeOut<Op>>
-struct GroupShared {
+// that use one (of states out, or of indices in), nothing otherwise.
+template <typename Op, GroupIo = kGroupIo<Op>>
+struct GroupShared {};
+template <typename Op>
+struct GroupShared<Op, GroupIo::kWholeInExchangeOut> {
   using Exchange = cub::WarpExchange<StateOf<Op>, kRowGroupItems<Op>>;
   typename Exchange::TempStorage exchange[kRowGroupBlock / 32];
 };
 template <typename Op>
-struct GroupShared<Op, false> {};
+struct GroupShared<Op, GroupIo::kExchange> {
+  using Exchange = cub::WarpExchange<StateOf<Op>, kRowGroupItems<Op>>;
+  typename Exchange::TempStorage exchange[kRowGroupBlock / 32];
+};
+template <typename Op>
+struct GroupShared<Op, GroupIo::kIndexedGrad> {
+  using Exchange = cub::WarpExchange<int64_t, kRowGroupItems<Op>>;
+  typename Exchange::TempStorage exchange[kRowGroupBlock / 32];
+};
 
-// A lane's whole run in as vectors, and its inclusive states out
-// (kGroupVectors ops; cummax / cummin forward store through the exchange).
+// Whether a line's runs move as vectors: unit stride and, at the
+// direction's anchor, every array the vectors touch 16-byte aligned (for
+// kIndexedGrad the gradient in and out; the indices go striped).
+template <GroupIo kIo, int kItems, typename Op>
+__device__ bool group_vectors_fit(const Op& op, const Line& line) {
+  if constexpr (kIo == GroupIo::kIndexedGrad) {
+    const int64_t anchor = line.reverse ? line.base + line.len : line.base;
+    return line.stride == 1 && reinterpret_cast<uintptr_t>(op.dy + anchor) % 16 == 0 &&
+           reinterpret_cast<uintptr_t>(op.dx + anchor) % 16 == 0;
+  } else if constexpr (kIo == GroupIo::kExchange) {
+    return false;
+  } else {
+    return whole_runs_fit<kItems>(op, line);
+  }
+}
+
+// A lane's whole run in as vectors (kIndexedGrad: its indices, in scan
+// order, from the exchange), and its inclusive states out (cummax / cummin
+// forward store through the exchange instead).
 template <GroupIo kIo, int kItems, typename Op>
 __device__ void load_group_vectors(const Op& op, const Line& line, int64_t first,
-                                   StateOf<Op> (&items)[kItems], AuxOf<Op> (&aux)[kItems]) {
+                                   const int64_t (&indices)[kItems], StateOf<Op> (&items)[kItems],
+                                   AuxOf<Op> (&aux)[kItems]) {
   if constexpr (kIo == GroupIo::kDirect) {
     load_direct(op, line, first, items);
   } else if constexpr (kIo == GroupIo::kWhole || kIo == GroupIo::kWholeInExchangeOut) {
     unpack_whole_run(op, line, first, fetch_whole_run<kItems>(op, line, first), items, aux);
+  } else if constexpr (kIo == GroupIo::kIndexedGrad) {
+    using T = typename Op::Storage;
+    T dy[kItems];
+    const uint4 u = *reinterpret_cast<const uint4*>(op.dy + whole_run_at<kItems>(line, first));
+    memcpy(dy, &u, sizeof(u));
+    if (line.reverse) reverse_run(dy);
+    Op view = op;
+    view.dy = dy;
+    view.indices = indices;
+    LineWalk w = LineWalk::from<kItems>(line, first, line.len);
+#pragma unroll
+    for (int k = 0; k < kItems; ++k, w.advance()) items[k] = view.load(k, w.l);
   }
 }
 
@@ -102,7 +142,7 @@ __device__ void store_group_vectors(const Op& op, const Line& line, int64_t firs
                                     const AuxOf<Op> (&aux)[kItems]) {
   if constexpr (kIo == GroupIo::kDirect) {
     store_direct(op, line, first, incl);
-  } else if constexpr (kIo == GroupIo::kWhole) {
+  } else if constexpr (kIo == GroupIo::kWhole || kIo == GroupIo::kIndexedGrad) {
     store_whole_run(op, line, first, incl, aux);
   }
 }
@@ -151,7 +191,7 @@ __global__ void __launch_bounds__(kRowGroupBlock)
   const int64_t warp = (int64_t{blockIdx.x} * kRowGroupBlock + threadIdx.x) / 32;
   const int64_t warps = int64_t{gridDim.x} * (kRowGroupBlock / 32);
   const auto exchange = [&]() {
-    if constexpr (kGroupExchangeOut<Op>) {
+    if constexpr (kIo != GroupIo::kDirect && kIo != GroupIo::kWhole) {
       return typename GroupShared<Op>::Exchange(shared.exchange[threadIdx.x / 32]);
     }
   };
@@ -161,16 +201,22 @@ __global__ void __launch_bounds__(kRowGroupBlock)
     const bool active = row < outer;
     const Line line{active ? row * len : 0, 1, len, reverse};
     const int64_t p_end = active ? len : 0;
-    bool whole_rows = false;
-    if constexpr (kGroupVectors<Op>) {
-      whole_rows = active && whole_runs_fit<kItems>(op, line);
-    }
+    const bool whole_rows = active && group_vectors_fit<kIo, kItems>(op, line);
     Total carry = totals.identity();
     for (int64_t chunk = 0; chunk < len; chunk += kChunk) {
       const int64_t first = chunk + int64_t{slot} * kItems;
       const bool whole = whole_rows && first + kItems <= len;
       State items[kItems];
       AuxOf<Op> aux[kItems];
+      int64_t indices[kItems] = {};
+      if constexpr (kIo == GroupIo::kIndexedGrad) {
+        for_each_striped<kItems, kChunk>(first_row, outer, chunk, len, reverse,
+                                         [&](int k, int64_t off, int64_t) {
+                                           indices[k] = op.indices[off];
+                                         });
+        exchange().StripedToBlocked(indices, indices);
+        __syncwarp();
+      }
       if constexpr (kIo == GroupIo::kExchange) {
 #pragma unroll
         for (int k = 0; k < kItems; ++k) items[k] = op.identity();
@@ -181,7 +227,7 @@ __global__ void __launch_bounds__(kRowGroupBlock)
         exchange().StripedToBlocked(items, items);
         __syncwarp();
       } else if (whole) {
-        load_group_vectors<kIo>(op, line, first, items, aux);
+        load_group_vectors<kIo>(op, line, first, indices, items, aux);
       } else {
         load_run(op, line, first, p_end, items);
       }
@@ -194,7 +240,7 @@ __global__ void __launch_bounds__(kRowGroupBlock)
       if (slot == 0) before = totals.identity();
       scan_thread_run(op, totals.combine(carry, before), items, memo);
       carry = totals.combine(carry, cub::ShuffleIndex<kGroup>(incl, kGroup - 1, kAll));
-      if constexpr (kGroupExchangeOut<Op>) {
+      if constexpr (kIo == GroupIo::kWholeInExchangeOut || kIo == GroupIo::kExchange) {
         exchange().BlockedToStriped(items, items);
         for_each_striped<kItems, kChunk>(first_row, outer, chunk, len, reverse,
                                          [&](int k, int64_t off, int64_t l) {
