@@ -76,23 +76,19 @@ constexpr GroupIo kGroupIo = HasPlainIo<Op>::value           ? GroupIo::kDirect
 
 // Shared memory of a row_groups block: a warp exchange per warp for the ops
 // that use one (of states out, or of indices in), nothing otherwise.
+template <typename Op, typename Item>
+struct WarpExchangeShared {
+  using Exchange = cub::WarpExchange<Item, kRowGroupItems<Op>>;
+  typename Exchange::TempStorage exchange[kRowGroupBlock / 32];
+};
 template <typename Op, GroupIo = kGroupIo<Op>>
 struct GroupShared {};
 template <typename Op>
-struct GroupShared<Op, GroupIo::kWholeInExchangeOut> {
-  using Exchange = cub::WarpExchange<StateOf<Op>, kRowGroupItems<Op>>;
-  typename Exchange::TempStorage exchange[kRowGroupBlock / 32];
-};
+struct GroupShared<Op, GroupIo::kWholeInExchangeOut> : WarpExchangeShared<Op, StateOf<Op>> {};
 template <typename Op>
-struct GroupShared<Op, GroupIo::kExchange> {
-  using Exchange = cub::WarpExchange<StateOf<Op>, kRowGroupItems<Op>>;
-  typename Exchange::TempStorage exchange[kRowGroupBlock / 32];
-};
+struct GroupShared<Op, GroupIo::kExchange> : WarpExchangeShared<Op, StateOf<Op>> {};
 template <typename Op>
-struct GroupShared<Op, GroupIo::kIndexedGrad> {
-  using Exchange = cub::WarpExchange<int64_t, kRowGroupItems<Op>>;
-  typename Exchange::TempStorage exchange[kRowGroupBlock / 32];
-};
+struct GroupShared<Op, GroupIo::kIndexedGrad> : WarpExchangeShared<Op, int64_t> {};
 
 // Whether a line's runs move as vectors: unit stride and, at the
 // direction's anchor, every array the vectors touch 16-byte aligned (for
