@@ -33,15 +33,18 @@
 //              next step's loads in flight while the current one is scanned.
 //              The warps' totals meet in shared memory and are folded in warp
 //              order: one pass, no workspace, no waiting on other blocks.
-//   column_tiles  inner > 1 with many columns, too few for strips:
-//              a tile is kColumnTileRows positions of the axis for
+//   column_tiles  inner > 1, too few columns for strips, an axis of at
+//              most kMaxColumnGroups groups of tiles: a tile is
+//              kColumnTileRows positions of the axis for
 //              kColumnBlock consecutive columns (a thread per column,
 //              coalesced along inner, its rows in registers), one pass with
 //              the same tickets and tile / group totals as long_rows, per
 //              column.
-//   columns    the other inner > 1 shapes: one thread per (outer, inner)
-//              column walks the axis; long axes are cut into `segments`
-//              pieces: reduce each, scan the segment totals, rescan.
+//   columns    the other inner > 1 shapes (an axis of one tile, or of
+//              more groups than column_tiles takes, or too much workspace
+//              for its totals): one thread per (outer, inner) column walks
+//              the axis; long axes are cut into `segments` pieces: reduce
+//              each, scan the segment totals, rescan.
 #pragma once
 
 #include <algorithm>
@@ -86,9 +89,11 @@ constexpr int kStripBlock = 256;  // threads of a strip block
 constexpr int64_t kMinStrips = 256;
 
 constexpr int kColumnTileRows = 16;
-// column_tiles needs enough columns to fill its blocks, and few enough groups
-// that a tile's in-order prefix stays short.
-constexpr int64_t kMinTileColumns = 1024;
+// Few enough groups that a tile's in-order prefix stays short. (Fewer
+// columns than a block has threads leave some idle, but the columns path
+// does worse there: three launches, and a walk over every segment's total
+// in one thread per column. H100, [4096, 96] along dim 0, float32, µs:
+// cumsum 17.3 -> 14.0, cummax backward 47.6 -> 26.1.)
 constexpr int64_t kMaxColumnGroups = 64;
 // Its per-column tile totals cost a slot per kColumnTileRows elements; past
 // this much workspace the three-pass columns path (a few slots per column)
@@ -158,7 +163,7 @@ inline ScanPlan plan_scan(const ScanShape& s) {
   const int64_t columns = s.outer * s.inner;
   const int64_t tiles = (s.len + kColumnTileRows - 1) / kColumnTileRows;
   const int64_t groups = (tiles + kGroupTiles - 1) / kGroupTiles;
-  if (s.inner > 1 && columns >= kMinTileColumns && tiles >= 2 && groups <= kMaxColumnGroups) {
+  if (s.inner > 1 && tiles >= 2 && groups <= kMaxColumnGroups) {
     const int64_t blocks = (columns + kColumnBlock - 1) / kColumnBlock;
     TileWorkspace w;
     w.tile_flags = tiles * blocks;

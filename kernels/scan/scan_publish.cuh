@@ -232,6 +232,29 @@ __device__ StateOf<Op> tile_prefix(const Op& op, const StateOf<Op>& tile_total,
 
 // ---------------------------------------------------------------- column_tiles
 
+// Folds the states slots[k * stride], k in [0, n), into `acc` in order,
+// kBatch reads in flight at a time where kBatch > 1: each read is a round
+// trip to L2, and one after another a column_tiles tile's prefix (up to 31
+// tile totals and 64 group totals) costs as many round trips as it folds.
+// Four at a time for 16-byte states, which the tile holds beside its own.
+template <int kBatch, typename Op>
+__device__ StateOf<Op> fold_volatile(const Op& op, StateOf<Op> acc, const StateOf<Op>* slots,
+                                     int64_t stride, int64_t n) {
+  constexpr int B = kBatch <= 1 ? 1 : sizeof(StateOf<Op>) <= 8 ? kBatch : kBatch / 2;
+  for (int64_t k0 = 0; k0 < n; k0 += B) {
+    StateOf<Op> v[B];
+#pragma unroll
+    for (int j = 0; j < B; ++j) {
+      if (k0 + j < n) v[j] = read_volatile(slots + (k0 + j) * stride);
+    }
+#pragma unroll
+    for (int j = 0; j < B; ++j) {
+      if (k0 + j < n) acc = op.combine(acc, v[j]);
+    }
+  }
+  return acc;
+}
+
 // Threads [first, first + n) each wait for one flag; then the whole block may
 // read what those flags guard.
 __device__ inline void wait_all(const unsigned int* flags, int64_t stride, int64_t n, int first) {
