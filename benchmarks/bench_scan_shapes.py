@@ -8,7 +8,12 @@ Cases moving under 4 MB are timed host included (``device_only`` off), as a
 caller sees them: there the launch and the op's own host work are most of
 the time. Larger ones are timed on the device alone, as ``bench_scan.py``
 times. Inputs, bytes moved and peers are those of ``bench_scan.py``.
+
+The dtypes are float32 and bfloat16 unless ``BENCH_SCAN_DTYPES`` names
+others (comma-separated torch dtype names, e.g. ``float64,float16``).
 """
+
+import os
 
 import torch
 
@@ -20,6 +25,7 @@ SHAPES = [
     ((1 << 20, 16), -1),       # many short rows (a thread per row)
     ((1 << 18, 64), -1),       # many rows of a few dozen
     ((1 << 16, 256), -1),
+    ((8192, 1000), -1),        # rows just under row_groups' limit of 1024
     ((256, 4096), -1),
     ((32, 32768), -1),
     ((8, 262144), -1),         # a few long rows (long_rows)
@@ -33,6 +39,17 @@ SHAPES = [
 HOST_INCLUDED_BELOW = 4 << 20
 
 
+def _dtypes():
+    names = os.environ.get("BENCH_SCAN_DTYPES", "float32,bfloat16")
+    out = []
+    for name in names.split(","):
+        dtype = getattr(torch, name.strip(), None)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise ValueError(f"BENCH_SCAN_DTYPES: {name!r} is not a floating torch dtype")
+        out.append(dtype)
+    return out
+
+
 def _label(shape, dim):
     return f"{list(shape)} dim={dim}"
 
@@ -40,7 +57,7 @@ def _label(shape, dim):
 def cases(device, quick=False):
     shapes = [((4, 64), -1), ((8, 40, 3), 1)] if quick else SHAPES
     out = []
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in _dtypes():
         for shape, dim in shapes:
             for name in OPS:
                 label = _label(shape, dim)
