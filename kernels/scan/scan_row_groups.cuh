@@ -175,7 +175,6 @@ __global__ void __launch_bounds__(kRowGroupBlock)
     row_groups_kernel(Op op, int64_t outer, int64_t len, bool reverse) {
   using State = StateOf<Op>;
   using Total = TotalOf<Op>;
-  constexpr unsigned kAll = 0xffffffffu;
   constexpr GroupIo kIo = kGroupIo<Op>;
   constexpr int64_t kRowsPerWarp = 32 / kGroup;
   constexpr int kItems = kRowGroupItems<Op>;
@@ -232,10 +231,10 @@ __global__ void __launch_bounds__(kRowGroupBlock)
       RunMemoOf<Op> memo;
       Total incl = fold_run(op, items, memo);
       warp_inclusive_by_joins<kGroup>(totals, incl);
-      Total before = cub::ShuffleUp<kGroup>(incl, 1, 0, kAll);
+      Total before = shuffle_up<kGroup>(incl, 1);
       if (slot == 0) before = totals.identity();
       scan_thread_run(op, totals.combine(carry, before), items, memo);
-      carry = totals.combine(carry, cub::ShuffleIndex<kGroup>(incl, kGroup - 1, kAll));
+      carry = totals.combine(carry, shuffle_index<kGroup>(incl, kGroup - 1));
       if constexpr (kIo == GroupIo::kWholeInExchangeOut || kIo == GroupIo::kExchange) {
         exchange().BlockedToStriped(items, items);
         for_each_striped<kItems, kChunk>(first_row, outer, chunk, len, reverse,

@@ -104,13 +104,12 @@ __device__ void warp_exclusive_scan(const Totals& totals, const StateOf<Totals>&
                                     StateOf<Totals>& total) {
   using State = StateOf<Totals>;
   if (warp_exclusive_by_reference<T>(v, lead, before, total)) return;
-  constexpr unsigned kAll = 0xffffffffu;
   const int lane = threadIdx.x % 32;
   State incl = v;
   warp_inclusive_by_joins<32>(totals, incl);
-  const State excl = cub::ShuffleUp<32>(incl, 1, 0, kAll);
+  const State excl = shuffle_up<32>(incl, 1);
   before = lane == 0 ? lead : totals.combine(lead, excl);
-  total = totals.combine(lead, cub::ShuffleIndex<32>(incl, 31, kAll));
+  total = totals.combine(lead, shuffle_index<32>(incl, 31));
 }
 
 // The scan direction: compiled in (kReverse) for ops that read one array,
