@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "common/cuda_launch.cuh"
 #include "scan/scan_block.cuh"
@@ -470,6 +471,17 @@ __global__ void __launch_bounds__(kColumnBlock)
 
 // ---------------------------------------------------------------- launch
 
+// Whether an op's states carry 64-bit positions: only for axes longer than
+// INT32_MAX (scan_dispatch.h), which neither row_groups (rows of at most
+// kRowGroupMaxLen) nor column_tiles (at most kMaxColumnGroups groups of
+// kGroupTiles tiles) ever takes, so those paths are not compiled for them.
+template <typename State>
+struct WidePositions : std::false_type {};
+template <typename Acc>
+struct WidePositions<ValueIndex<Acc, int64_t>> : std::true_type {};
+template <typename Acc>
+struct WidePositions<KeyedSum<Acc, int64_t>> : std::true_type {};
+
 template <typename Op>
 KernelStatus launch(const Op& op, const ScanShape& s, bool reverse, void* workspace,
                     cudaStream_t stream) {
@@ -483,9 +495,13 @@ KernelStatus launch(const Op& op, const ScanShape& s, bool reverse, void* worksp
   switch (plan.path) {
     case ScanPath::kEmpty: return KernelStatus::ok();
     case ScanPath::kRowGroups: {
-      KernelStatus st = KernelStatus::ok();
-      if (s.len >= kWarpChunk && launch_warp_rows(op, s, reverse, {}, stream, st)) return st;
-      return launch_row_groups(op, s, reverse, stream);
+      if constexpr (WidePositions<State>::value) {
+        return KernelStatus::invalid("scan: row_groups with 64-bit positions");
+      } else {
+        KernelStatus st = KernelStatus::ok();
+        if (s.len >= kWarpChunk && launch_warp_rows(op, s, reverse, {}, stream, st)) return st;
+        return launch_row_groups(op, s, reverse, stream);
+      }
     }
     case ScanPath::kRows:
       return launch_rows(op, s, reverse, {}, stream);
@@ -499,16 +515,21 @@ KernelStatus launch(const Op& op, const ScanShape& s, bool reverse, void* worksp
     case ScanPath::kColumnStrips:
       return launch_strips(op, s, plan.strips_per_outer, reverse, stream);
     case ScanPath::kColumnTiles: {
-      const TileWorkspace& w = plan.tile_ws;
-      const KernelStatus st =
-          to_status(cudaMemsetAsync(workspace, 0, static_cast<size_t>(w.zeroed_bytes()), stream));
-      if (!st.is_ok()) return st;
-      const unsigned grid = static_cast<unsigned>(plan.tiles * plan.column_blocks);
-      const auto kernel = s.outer * s.inner < kFewTileColumns ? column_tiles_kernel<Op, 8>
-                                                              : column_tiles_kernel<Op, 1>;
-      kernel<<<grid, kColumnBlock, 0, stream>>>(op, s, reverse, plan.tiles, plan.groups,
-                                                plan.column_blocks, tile_slots<State>(workspace, w));
-      return launch_status();
+      if constexpr (WidePositions<State>::value) {
+        return KernelStatus::invalid("scan: column_tiles with 64-bit positions");
+      } else {
+        const TileWorkspace& w = plan.tile_ws;
+        const KernelStatus st = to_status(
+            cudaMemsetAsync(workspace, 0, static_cast<size_t>(w.zeroed_bytes()), stream));
+        if (!st.is_ok()) return st;
+        const unsigned grid = static_cast<unsigned>(plan.tiles * plan.column_blocks);
+        const auto kernel = s.outer * s.inner < kFewTileColumns ? column_tiles_kernel<Op, 8>
+                                                                : column_tiles_kernel<Op, 1>;
+        kernel<<<grid, kColumnBlock, 0, stream>>>(op, s, reverse, plan.tiles, plan.groups,
+                                                  plan.column_blocks,
+                                                  tile_slots<State>(workspace, w));
+        return launch_status();
+      }
     }
     case ScanPath::kColumns: {
       const int64_t columns = s.outer * s.inner;
