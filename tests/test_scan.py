@@ -499,6 +499,31 @@ def test_logcumsumexp_wide_spans_and_neg_inf_stretches(device, dtype, shape, dim
                                        rtol=t["rtol"] + slack)
 
 
+@pytest.mark.parametrize("shape,dim,path", ONE_PER_PATH, ids=lambda v: str(v))
+def test_logcumsumexp_float32_rising_runs_near_zero(device, shape, dim, path):
+    # On CUDA a float32 run's weights exp(x - hi) skip exp's correction term
+    # where the run's first element lies within 8 of its largest, and keep
+    # it further below (for_each_run_weight, scan_ops.h). Rows rising from 0
+    # at several slopes put the first runs on both sides of that line while
+    # y stays near 0, where an error in a weight shows in full. There y is
+    # top + log(S) with log(S) as low as -64, rounded before top is added:
+    # 64 * 2^-24 = 3.8e-6 of the run's own making, whatever the weights.
+    n = shape[dim]
+    d = dim % len(shape)
+    pos = torch.arange(n, dtype=torch.float64).reshape([n if k == d else 1
+                                                        for k in range(len(shape))])
+    rows = torch.arange(math.prod(shape) // n, dtype=torch.float64)
+    slopes = torch.tensor([2.0, 0.25, 1.0, 0.5, 4.0, 0.05], dtype=torch.float64)
+    slope = slopes[rows.long() % len(slopes)].reshape(
+        [s for k, s in enumerate(shape) if k != d]).unsqueeze(d)
+    x = (slope * (pos % 40)).to(torch.float32).to(device)
+    for reverse in (False, True):
+        got = bt.logcumsumexp(x, dim, reverse=reverse).double().cpu()
+        ref = reference("logcumsumexp", x, dim, reverse)
+        err = ((got - ref).abs() / ref.abs().clamp(min=1.0)).max().item()
+        assert err <= 5e-6, (path, reverse, err)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("shape,dim,path", ONE_PER_PATH, ids=lambda v: str(v))
 def test_logcumsumexp_nan_and_inf_inside_runs(device, dtype, shape, dim, path, rng):
