@@ -26,7 +26,8 @@ namespace scan {
 // go through shared memory (double-buffered, so one barrier a step), and
 // every thread folds them in warp order from the carry of the steps before:
 // the value reached at its own warp is its prefix, the full fold the next
-// carry -- the same association in every thread, whatever the timing.
+// carry -- the same association in every thread, whatever the timing. (For
+// some ops only the last warp folds them all: kFoldEarlierWarpsOnly.)
 
 // Positions per warp and step: 128 bytes of loads in flight per thread, or
 // fewer where two steps' states (and what the stores read) would not fit in
@@ -52,16 +53,33 @@ template <typename Op>
 constexpr int kStripBlocksPerSm =
     sizeof(typename Op::Storage) <= 2 && sizeof(StateOf<Op>) > 4 ? 1 : 2;
 
-// The in-order fold of `carry` and the warps' totals of a column
-// (totals[w][column]) by something cheaper than joins, where that applies:
-// leaves the fold of those before warp `warp` in `prefix` and the whole fold
-// in `carry`; false, with both untouched, where it does not apply (the
-// caller joins). Scaled sums (scan_ops.h): against the largest exponent M of
-// the nine, where each one is finite and within 64 of M, or the empty run
-// (-inf, whose weight is 0), each s exp(m - M) is a plain float and the fold
-// is a sum -- nine exps side by side where the joins are eight in a chain,
-// each waiting for the one before. The sum runs in warp order, so the result
-// depends on the data alone.
+// How a step folds the warps' totals (finish_strip_step). By default every
+// warp folds all of them, its own prefix on the way and the next step's
+// carry at the end, and keeps the carry in registers. For some ops each
+// warp folds only the totals of the warps before its own, and the last
+// warp, folding its own in too, leaves the next carry in shared memory:
+// half the work on average, but the last warp's whole fold is on every
+// step's path. Which way, as measured (H100, launcher timer, [4096, 8192]
+// along dim 0, all-warps -> earlier-warps): float32 logcumsumexp forward
+// 112.0 -> 110.3 us and bfloat16 backward 120.5 -> 116.6 take the earlier
+// warps; bfloat16 forward 60.5 -> 61.8 and float32 backward 193.0 -> 197.5,
+// which runs near bandwidth, keep all of them, as do the cheap combines
+// (2-3 % slower so: bfloat16 cumsum forward 52.3 -> 53.5, cummax forward
+// 166.0 -> 169.5).
+template <typename Op>
+constexpr bool kFoldEarlierWarpsOnly =
+    HasRunScan<Op>::value &&
+    sizeof(typename Op::Storage) == (HasPlainIo<Op>::value ? 4 : 2);
+
+// The fold of `carry` and the warps' totals of a column by something
+// cheaper than joins, where that applies; false, with nothing written,
+// where it does not (the caller joins). Scaled sums (scan_ops.h): against
+// the largest exponent M of the terms, where each one is finite and within
+// 64 of M, or the empty run (-inf, whose weight is 0), each s exp(m - M) is
+// a plain float and the fold is a sum -- exps side by side where the joins
+// are a chain, each waiting for the one before. The sum runs in warp order,
+// so the result depends on the data alone. Two forms, one for each way of
+// folding (kFoldEarlierWarpsOnly).
 //
 // Only logcumsumexp forward takes it. H100, [4096, 8192] along dim 0,
 // launcher timer: bfloat16 66.8 -> 61.3 us, float32 118.0 -> 116.5; the
@@ -69,16 +87,18 @@ constexpr int kStripBlocksPerSm =
 template <typename Op>
 constexpr bool kFoldWarpsByReference = HasRunScan<Op>::value && HasPlainIo<Op>::value;
 
-// T, the element type, picks the exps (exp_nonpositive_for).
+// All the warps: the fold of those before warp `warp` into `prefix`, the
+// whole fold into `carry`. T, the element type, picks the exps
+// (exp_nonpositive_for).
 template <typename T, int kWarps, int kWidth, typename State>
-__device__ bool fold_warps_by_reference(const State (&)[kWarps][kWidth], int, int, State&,
-                                        State&) {
+__device__ bool fold_all_warps_by_reference(const State (&)[kWarps][kWidth], int, int, State&,
+                                            State&) {
   return false;
 }
 template <typename T, int kWarps, int kWidth>
-__device__ bool fold_warps_by_reference(const ScaledSum<float> (&totals)[kWarps][kWidth],
-                                        int column, int warp, ScaledSum<float>& prefix,
-                                        ScaledSum<float>& carry) {
+__device__ bool fold_all_warps_by_reference(const ScaledSum<float> (&totals)[kWarps][kWidth],
+                                            int column, int warp, ScaledSum<float>& prefix,
+                                            ScaledSum<float>& carry) {
   ScaledSum<float> t[kWarps];
   float top = carry.m;
 #pragma unroll
@@ -117,26 +137,86 @@ __device__ bool fold_warps_by_reference(const ScaledSum<float> (&totals)[kWarps]
   return true;
 }
 
+// The warps before `warp` only: the fold of `carry` and totals[w], w <
+// warp, into `prefix` (read from the totals of a column, t).
+template <typename T, int kWarps, typename State>
+__device__ bool fold_earlier_warps_by_reference(const State (&)[kWarps], int, const State&,
+                                                State&) {
+  return false;
+}
+template <typename T, int kWarps>
+__device__ bool fold_earlier_warps_by_reference(const ScaledSum<float> (&totals)[kWarps],
+                                                int warp, const ScaledSum<float>& carry,
+                                                ScaledSum<float>& prefix) {
+  // The largest exponent and the smallest other than -inf (fmaxf and fminf
+  // pass over NaN: it is looked for apart).
+  float top = carry.m;
+  float low = carry.m == -INFINITY ? INFINITY : carry.m;
+  bool nan = is_nan(carry.m);
+#pragma unroll
+  for (int w = 0; w < kWarps - 1; ++w) {
+    if (w < warp) {
+      const float m = totals[w].m;
+      top = fmaxf(top, m);
+      low = m == -INFINITY ? low : fminf(low, m);
+      nan = nan || is_nan(m);
+    }
+  }
+  if (nan || !is_finite(top) || low < top - 64.f) {
+    // Every term empty: the prefix is the carry (the empty run).
+    if (!nan && top == -INFINITY) {
+      prefix = carry;
+      return true;
+    }
+    return false;
+  }
+  float sum = carry.s * exp_nonpositive_for<T>(carry.m - top);
+#pragma unroll
+  for (int w = 0; w < kWarps - 1; ++w) {
+    if (w < warp) sum = fmaf(totals[w].s, exp_nonpositive_for<T>(totals[w].m - top), sum);
+  }
+  prefix = {top, sum};
+  return true;
+}
+
 // One step of a strip, for one column of a thread: the thread has its K
 // positions of the step in `cur` (identity past p_end; as fold_run left them,
 // with `memo`) and each warp's total of them is in totals[warp][column] (a
-// barrier after they were written). Folds the warps' totals in warp order
-// from `carry` (which becomes the carry of the next step) and stores its
-// positions from `first`.
+// barrier after they were written); `carry` is the fold of every step
+// before. The thread folds `carry` and the totals of the warps before its
+// own, in warp order, into its prefix, and stores its positions from
+// `first`. The next step's carry (kFoldEarlierWarpsOnly): by default every
+// thread leaves it in `carry`; otherwise the last warp alone, in
+// `next_carry`, and the caller reads it from there after the next barrier.
 template <typename Op, int K, int kWarps, int kWidth>
 __device__ void finish_strip_step(const Op& op, const Line& line, int64_t first, int64_t p_end,
                                   StateOf<Op> (&cur)[K], const AuxOf<Op> (&cur_aux)[K],
                                   const RunMemoOf<Op>& memo,
                                   const TotalOf<Op> (&totals)[kWarps][kWidth], int column,
-                                  TotalOf<Op>& carry) {
+                                  TotalOf<Op>& carry, TotalOf<Op>& next_carry) {
   using State = StateOf<Op>;
   const TotalsOf<Op> joins = totals_of(op);
   const int warp = threadIdx.x / 32;
   TotalOf<Op> prefix = carry;
-  const bool folded =
-      kFoldWarpsByReference<Op> &&
-      fold_warps_by_reference<typename Op::Storage>(totals, column, warp, prefix, carry);
-  if (!folded) {
+  if constexpr (kFoldEarlierWarpsOnly<Op>) {
+    // Every total read up front: a loop reading each as it goes waits for
+    // every read in turn.
+    TotalOf<Op> t[kWarps];
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) t[w] = totals[w][column];
+    const bool folded =
+        kFoldWarpsByReference<Op> &&
+        fold_earlier_warps_by_reference<typename Op::Storage>(t, warp, carry, prefix);
+    if (!folded) {
+#pragma unroll
+      for (int w = 0; w < kWarps - 1; ++w) {
+        if (w < warp) prefix = joins.combine(prefix, t[w]);
+      }
+    }
+    if (warp == kWarps - 1) next_carry = joins.combine(prefix, t[kWarps - 1]);
+  } else if (!(kFoldWarpsByReference<Op> &&
+                 fold_all_warps_by_reference<typename Op::Storage>(totals, column, warp, prefix,
+                                                                   carry))) {
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
       if (w == warp) prefix = carry;
@@ -171,6 +251,9 @@ __global__ void __launch_bounds__(kStripBlock, kStripBlocksPerSm<Op>)
   constexpr int kWarps = kStripBlock / 32;
   constexpr int64_t kStepLen = int64_t{kWarps} * K;
   __shared__ Total totals[2][kWarps][kStripWidth];
+  // The carry after each step, left by the last warp where only it folds
+  // every total (kFoldEarlierWarpsOnly).
+  __shared__ Total carries[2][kStripWidth];
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
   const int64_t strips = s.outer * strips_per_outer;
@@ -193,8 +276,11 @@ __global__ void __launch_bounds__(kStripBlock, kStripBlocksPerSm<Op>)
       RunMemoOf<Op> memo;
       totals[buffer][warp][lane] = fold_run(op, cur, memo);
       __syncthreads();
+      if constexpr (kFoldEarlierWarpsOnly<Op>) {
+        if (p0 != 0) carry = carries[buffer ^ 1][lane];
+      }
       finish_strip_step(op, line, p0 + int64_t{warp} * K, p_end, cur, cur_aux, memo,
-                        totals[buffer], lane, carry);
+                        totals[buffer], lane, carry, carries[buffer][lane]);
       if (more) {
 #pragma unroll
         for (int k = 0; k < K; ++k) {
@@ -308,6 +394,9 @@ __global__ void __launch_bounds__(kStripBlock, kLaneColumns<Op> == 2 ? 1 : 2)
   constexpr int64_t kStepLen = int64_t{kWarps} * K;
   extern __shared__ uint4 staged[];
   __shared__ Total totals[2][kWarps][W];
+  // The carry after each step, left by the last warp where only it folds
+  // every total (kFoldEarlierWarpsOnly).
+  __shared__ Total carries[2][W];
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
   const int64_t strips = s.outer * strips_per_outer;
@@ -442,8 +531,11 @@ __global__ void __launch_bounds__(kStripBlock, kLaneColumns<Op> == 2 ? 1 : 2)
         const int column = j * 32 + lane;
         const int64_t p_end = column0 + column < s.inner ? s.len : 0;
         const Line line{outer_base + column0 + column, s.inner, s.len, reverse};
+        if constexpr (kFoldEarlierWarpsOnly<Op>) {
+          if (step != 0) carry[j] = carries[(step - 1) % 2][column];
+        }
         finish_strip_step(op, line, first, p_end, cur[j], cur_aux[j], memo[j], totals[step % 2],
-                          column, carry[j]);
+                          column, carry[j], carries[step % 2][column]);
       }
     }
     // The next strip's first totals reuse buffer 0, its first copies the
