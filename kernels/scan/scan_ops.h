@@ -155,13 +155,13 @@ BHD inline double exp_below_for(double x, double hi) {
 // = 6e-7 relative (a weighted mean over its terms; far terms weigh
 // little), where the instruction's own error is about 2^-22. That skips the
 // correction exp_nonpositive makes for a lone result, five instructions a
-// weight. Past the limit the weights keep the correction: a wide run's
-// results near its start already carry the rounding of log(S) (up to
-// 64 x 2^-24, test_logcumsumexp_float32_rising_runs_near_zero), and bare
-// weights would add as much again. (H100, launcher timer, float32 logcumsumexp forward, [4096, 8192]:
-// 107.3 -> 105.3 us along dim -1, 113.0 -> 112.0 along dim 0; with no span
-// limit, 103.8 and 111.7.) Wider runs, and every other type, take
-// exp_below_for.
+// weight. (H100, launcher timer, float32 logcumsumexp forward,
+// [4096, 8192]: 107.3 -> 105.3 us along dim -1, 113.0 -> 112.0 along dim 0;
+// with no span limit, 103.8 and 111.7.) Wider runs, and every other type,
+// take exp_below_for: a wide run's results near its start already carry the
+// rounding of log(S) (up to 64 x 2^-24,
+// test_logcumsumexp_float32_rising_runs_near_zero), and bare weights would
+// add as much again.
 constexpr float kBareWeightSpan = 8.f;
 
 template <typename T, int N, typename Acc, typename Exponent, typename F>

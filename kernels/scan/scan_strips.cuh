@@ -138,7 +138,7 @@ __device__ bool fold_all_warps_by_reference(const ScaledSum<float> (&totals)[kWa
 }
 
 // The warps before `warp` only: the fold of `carry` and totals[w], w <
-// warp, into `prefix` (read from the totals of a column, t).
+// warp, into `prefix`; `totals` are one column's, read out by the caller.
 template <typename T, int kWarps, typename State>
 __device__ bool fold_earlier_warps_by_reference(const State (&)[kWarps], int, const State&,
                                                 State&) {
