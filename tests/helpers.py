@@ -36,3 +36,11 @@ def poisoned_like(t: torch.Tensor, generator) -> torch.Tensor:
     out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
     out.copy_(random_bits(t.shape, t.dtype, generator, t.device))
     return out
+
+
+def poison_allocator(device, numel):
+    """On CUDA the caching allocator hands the next allocation the block just
+    freed: fill one with NaN first so an unwritten output element shows."""
+    if device.type == "cuda":
+        junk = torch.full((numel * 2,), float("nan"), dtype=torch.float64, device=device)
+        del junk

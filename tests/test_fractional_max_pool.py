@@ -10,18 +10,11 @@ import torch.nn.functional as F
 from torch.testing._internal.optests import opcheck
 
 import baracuda_torch as bt
+from helpers import poison_allocator
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 POOL = {2: (bt.fractional_max_pool2d, F.fractional_max_pool2d),
         3: (bt.fractional_max_pool3d, F.fractional_max_pool3d)}
-
-
-def poison_allocator(device, numel):
-    """On CUDA the caching allocator hands the next allocation the block just
-    freed: fill one with NaN first so an unwritten output element shows."""
-    if device.type == "cuda":
-        junk = torch.full((numel * 2,), float("nan"), dtype=torch.float64, device=device)
-        del junk
 
 
 def inputs(shape, dims, dtype, device, gen, batched=True):

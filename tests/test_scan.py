@@ -13,6 +13,7 @@ import torch
 from torch.testing._internal.optests import opcheck
 
 import baracuda_torch as bt
+from helpers import poison_allocator
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 PLAIN = ["cumsum", "cumprod", "logcumsumexp"]
@@ -359,10 +360,15 @@ def test_strips_staged_and_through_registers(device, dtype, name, rng):
     # CUDA strips of bf16 (and of logcumsumexp) copy their inputs into shared
     # memory where each is 16-byte aligned and a row is whole 16-byte pieces
     # of it; otherwise they load through registers. Both ways, forward and
-    # backward.
+    # backward, each output allocated over NaN (two-byte logcumsumexp
+    # forward also stores through shared memory, a whole row piece a lane).
     cases = [((40, 8200), 0, False),    # staged
              ((8, 50, 1001), 1, False),  # rows of 1001 elements
              ((40, 8200), 0, True)]     # inputs off a 16-byte boundary
+    if device.type == "cuda":
+        # More than one step of 256 positions, the last one partial; a
+        # block's second strip past the last column.
+        cases.append(((2, 300, 4104), 1, False))
     for shape, dim, off in cases:
         assert bt.scan_path(torch.empty(shape, device="meta"), dim) == "column_strips"
         x = random_input(shape, dtype, device, rng, name)
@@ -372,7 +378,9 @@ def test_strips_staged_and_through_registers(device, dtype, name, rng):
         if off:
             x, dy = off_boundary(x), off_boundary(dy)
         for reverse in (False, True):
+            poison_allocator(x.device, 2 * x.numel())
             check(name, x, dim, reverse)
+            poison_allocator(x.device, 2 * x.numel())
             check_grad(name, x, dim, reverse, dy)
 
 
