@@ -12,16 +12,19 @@ __device__ inline uint32_t smem_address(const void* p) {
 }
 
 // 16 bytes global -> shared; bytes beyond `valid` (0 or 16) are zero-filled.
+// kPrefetch256: L2 also fetches the whole aligned 256 bytes around `src`
+// from memory (the .L2::256B prefetch size), for copies whose neighbours
+// another SM is about to ask for.
+template <bool kPrefetch256 = false>
 __device__ inline void cp_async16(void* dst, const void* src, bool valid = true) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(dst)),
-               "l"(src), "r"(valid ? 16 : 0));
-}
-// The same, and L2 fetches the whole aligned 256 bytes around `src` from
-// memory (the .L2::256B prefetch size): for copies whose neighbours another
-// SM is about to ask for.
-__device__ inline void cp_async16_prefetch256(void* dst, const void* src, bool valid = true) {
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(smem_address(dst)),
-               "l"(src), "r"(valid ? 16 : 0));
+  if constexpr (kPrefetch256) {
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(
+                     smem_address(dst)),
+                 "l"(src), "r"(valid ? 16 : 0));
+  } else {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(dst)),
+                 "l"(src), "r"(valid ? 16 : 0));
+  }
 }
 __device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // Waits until at most N of this thread's committed groups are still in flight.

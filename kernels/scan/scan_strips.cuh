@@ -436,13 +436,6 @@ __global__ void __launch_bounds__(kStripBlock * kStripGroups<Op>,
   const int warp = warp_all % kWarps;
   const int64_t strips = s.outer * strips_per_outer;
   const int64_t steps = (s.len + kStepLen - 1) / kStepLen;
-  const auto copy16 = [](void* to, const void* from, bool valid) {
-    if constexpr (kStagedPrefetch256<Op>) {
-      cp_async16_prefetch256(to, from, valid);
-    } else {
-      cp_async16(to, from, valid);
-    }
-  };
   const auto region = [&](int64_t step) {
     return reinterpret_cast<char*>(staged) +
            ((step % S) * kWarps * G + warp_all) * kStagedWarpBytes<Op>;
@@ -492,7 +485,8 @@ __global__ void __launch_bounds__(kStripBlock * kStripGroups<Op>,
               if (kSpan % kRoundRows == 0 || r < kSpan) {
                 const bool valid = column_ok && (inside || static_cast<uint64_t>(first + r) <
                                                                static_cast<uint64_t>(s.len));
-                copy16(to + (i * 32 + lane) * 16, valid ? at : from, valid);
+                cp_async16<kStagedPrefetch256<Op>>(to + (i * 32 + lane) * 16, valid ? at : from,
+                                                   valid);
               }
               at += kRoundRows * row_step;
             }
@@ -515,7 +509,7 @@ __global__ void __launch_bounds__(kStripBlock * kStripGroups<Op>,
                   const int64_t l = reverse ? s.len - 1 - p : p;
                   at += outer_base + l * s.inner + column0 + q * kPieceElems;
                 }
-                copy16(to + c * 16, at, valid);
+                cp_async16<kStagedPrefetch256<Op>>(to + c * 16, at, valid);
               }
             }
           }
