@@ -360,8 +360,8 @@ def test_strips_staged_and_through_registers(device, dtype, name, rng):
     # CUDA strips of bf16 (and of logcumsumexp) copy their inputs into shared
     # memory where each is 16-byte aligned and a row is whole 16-byte pieces
     # of it; otherwise they load through registers. Both ways, forward and
-    # backward, each output allocated over NaN (two-byte logcumsumexp
-    # forward also stores through shared memory, a whole row piece a lane).
+    # backward, each output allocated over NaN so that an element left
+    # unwritten shows.
     cases = [((40, 8200), 0, False),    # staged
              ((8, 50, 1001), 1, False),  # rows of 1001 elements
              ((40, 8200), 0, True)]     # inputs off a 16-byte boundary
