@@ -436,23 +436,28 @@ __global__ void __launch_bounds__(kStripBlock * kStripGroups<Op>,
   const int warp = warp_all % kWarps;
   const int64_t strips = s.outer * strips_per_outer;
   const int64_t steps = (s.len + kStepLen - 1) / kStepLen;
-  const auto region = [&](int64_t step) {
+  // The stage region of the warp for a step in slot `slot` (step % S; the
+  // loop counts slots rather than divide the 64-bit step twice a step:
+  // H100, launcher timer, bfloat16 [4096, 8192] along dim 0, us,
+  // logcumsumexp forward 56.1 -> 55.4, cummax backward 152.5 -> 149.5,
+  // cumprod backward 107.9 -> 106.3, the others unchanged).
+  const auto region = [&](int slot) {
     return reinterpret_cast<char*>(staged) +
-           ((step % S) * kWarps * G + warp_all) * kStagedWarpBytes<Op>;
+           (slot * kWarps * G + warp_all) * kStagedWarpBytes<Op>;
   };
   for (int64_t strip = blockIdx.x; strip < strips; strip += gridDim.x) {
     const int64_t o = strip / strips_per_outer;
     const int64_t column0 = (strip - o * strips_per_outer) * W * G + group * W;
     const int64_t outer_base = o * s.len * s.inner;
     // Copies this warp's positions of `step` (and the halo rows around
-    // them) into its region; one commit group per call, empty past the
-    // last step, so that waiting for all but the newest S - 1 groups waits
-    // for the step about to be scanned. Rows outside the axis are
-    // zero-filled. Copy c of the warp (lane + 32 i) is piece c % kPieces of
-    // row c / kPieces of the span, with kPieces 16-byte pieces to a row.
-    const auto fetch = [&](int64_t step) {
+    // them) into its region of `slot`; one commit group per call, empty
+    // past the last step, so that waiting for all but the newest S - 1
+    // groups waits for the step about to be scanned. Rows outside the axis
+    // are zero-filled. Copy c of the warp (lane + 32 i) is piece c % kPieces
+    // of row c / kPieces of the span, with kPieces 16-byte pieces to a row.
+    const auto fetch = [&](int64_t step, int slot) {
       if (step < steps) {
-        char* to = region(step);
+        char* to = region(slot);
         const int64_t first = step * kStepLen + int64_t{warp} * K - H;
         op.for_each_input([&](const auto* from) {
           using U = std::remove_cv_t<std::remove_pointer_t<decltype(from)>>;
@@ -519,14 +524,15 @@ __global__ void __launch_bounds__(kStripBlock * kStripGroups<Op>,
       cp_async_commit();
     };
 #pragma unroll
-    for (int j = 0; j < S - 1; ++j) fetch(j);
+    for (int j = 0; j < S - 1; ++j) fetch(j, j);
+    int slot = 0;
     Total carry[C];
 #pragma unroll
     for (int j = 0; j < C; ++j) carry[j] = totals_of(op).identity();
-    for (int64_t step = 0; step < steps; ++step) {
+    for (int64_t step = 0; step < steps; ++step, slot = slot == S - 1 ? 0 : slot + 1) {
       // The region refilled now was read by this warp at the step before.
       __syncwarp();
-      fetch(step + S - 1);
+      fetch(step + S - 1, slot == 0 ? S - 1 : slot - 1);
       cp_async_wait<S - 1>();
       __syncwarp();
       // The view reads row k of the warp's positions at k * W + column: each
@@ -534,7 +540,7 @@ __global__ void __launch_bounds__(kStripBlock * kStripGroups<Op>,
       // the next row.
       Op view = op;
       {
-        char* at = region(step);
+        char* at = region(slot);
         view.for_each_input([&](auto& ptr) {
           using P = std::remove_reference_t<decltype(ptr)>;
           ptr = reinterpret_cast<P>(at) + H * W;
