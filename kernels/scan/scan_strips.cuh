@@ -404,18 +404,24 @@ constexpr int kStripGroups = kLaneColumns<Op> == 1 && sizeof(typename Op::Storag
 template <typename Op>
 constexpr bool kStagedPrefetch256 = sizeof(typename Op::Storage) == 2 && Op::kInputBytes < 8;
 
-// Whether a staged strip's two-byte copies take one address and a fixed
-// stride per round on the steps where every copy is valid (its rows inside
-// the axis, the strip's columns inside the tensor), where the others
-// compute each address from its position, about 150 instructions a warp
-// and step. H100, launcher timer, bfloat16 [4096, 8192] along dim 0, two
-// runs each, us: logcumsumexp forward 55.4 -> 52.6; but cumsum forward
-// 52.5 -> 54.3, backward 51.6 -> 54.7, cumprod forward 52.5 -> 54.9 and
-// logcumsumexp backward 98.6 -> 103.1, which keep the per-position form.
-// (The steps at either end of the axis, and a strip past the last column,
-// take that form too.)
-template <typename Op>
-constexpr bool kStagedInteriorFetch = HasRunScan<Op>::value && HasPlainIo<Op>::value;
+// Whether a staged strip copies input type U, on the steps where every copy
+// is valid (its rows inside the axis, the strip's columns inside the
+// tensor), from one address plus a fixed stride per round with no tests,
+// where the others test each copy (and two-byte inputs compute each
+// address from its position, about 150 instructions a warp and step).
+// H100, launcher timer, [4096, 8192] along dim 0, two runs each, us:
+// bfloat16 logcumsumexp forward 55.4 -> 52.6, and cummax / cummin
+// backward, for their 8-byte indices, 150.0 -> 144.3 and 149.2 -> 144.0;
+// but two-byte cumsum forward 52.5 -> 54.3, backward 51.6 -> 54.7,
+// cumprod forward 52.5 -> 54.9, logcumsumexp backward 98.6 -> 103.1, and
+// float32 logcumsumexp backward 193.5 -> 195.6 (float32 logcumsumexp
+// forward and cumprod backward unchanged), which keep their tests. (The
+// steps at either end of the axis, and a strip past the last column, test
+// their copies in every op.)
+template <typename Op, typename U>
+constexpr bool kStagedInteriorFetch =
+    sizeof(U) == 2 ? HasRunScan<Op>::value && HasPlainIo<Op>::value
+                   : sizeof(U) == 8 && sizeof(typename Op::Storage) == 2;
 
 // Element (position p of the warp's part of the step, column c of the
 // strip) of an input of element type U sits at U index p * kStagedWidth + c
@@ -438,8 +444,6 @@ __global__ void __launch_bounds__(kStripBlock * kStripGroups<Op>,
   constexpr int kWarps = kStripBlock / 32;
   constexpr int G = kStripGroups<Op>;
   constexpr int64_t kStepLen = int64_t{kWarps} * K;
-  static_assert(!kStagedInteriorFetch<Op> || kSpan * (W * 2 / 16) % 32 == 0,
-                "an interior fetch of two-byte inputs has every lane copy in every round");
   extern __shared__ uint4 staged[];
   __shared__ Total totals[2][G][kWarps][W];
   // The carry after each step, left by the last warp where only it folds
@@ -483,7 +487,24 @@ __global__ void __launch_bounds__(kStripBlock * kStripGroups<Op>,
           constexpr int kPieces = W * int{sizeof(U)} / 16;  // of a row
           static_assert(32 % kPieces == 0, "a round of copies covers whole rows");
           constexpr int kPieceElems = 16 / int{sizeof(U)};
-          if constexpr (sizeof(U) >= 4) {
+          if (kStagedInteriorFetch<Op, U> && interior) {
+            // Every copy of the step valid: a lane copies the same piece of
+            // every row it copies, from one address plus a fixed stride
+            // per round, and tests nothing.
+            constexpr int kRoundRows = 32 / kPieces;
+            const int64_t first_row = reverse ? s.len - 1 - first : first;
+            const int64_t row_step = reverse ? -s.inner : s.inner;
+            const int r0 = lane / kPieces;
+            const U* at = from + outer_base + column0 + (lane % kPieces) * kPieceElems +
+                          first_row * s.inner + r0 * row_step;
+#pragma unroll
+            for (int i = 0; i < (kSpan + kRoundRows - 1) / kRoundRows; ++i) {
+              if (kSpan % kRoundRows == 0 || r0 + i * kRoundRows < kSpan) {
+                cp_async16<kStagedPrefetch256<Op>>(to + (i * 32 + lane) * 16, at, true);
+              }
+              at += kRoundRows * row_step;
+            }
+          } else if constexpr (sizeof(U) >= 4) {
             // Inputs of 8 or 16 pieces a row: a lane copies the same piece
             // of every row it copies, so a step's copies are one address
             // plus a fixed stride per round, and only steps at either end
@@ -512,19 +533,6 @@ __global__ void __launch_bounds__(kStripBlock * kStripGroups<Op>,
                 cp_async16<kStagedPrefetch256<Op>>(to + (i * 32 + lane) * 16, valid ? at : from,
                                                    valid);
               }
-              at += kRoundRows * row_step;
-            }
-          } else if (kStagedInteriorFetch<Op> && interior) {
-            // Two-byte inputs, a step whose copies are all valid: one
-            // address plus a fixed stride per round, as above, and no tests.
-            constexpr int kRoundRows = 32 / kPieces;
-            const int64_t row = first + lane / kPieces;
-            const int64_t row_step = reverse ? -s.inner : s.inner;
-            const U* at = from + outer_base + column0 + (lane % kPieces) * kPieceElems +
-                          (reverse ? s.len - 1 - row : row) * s.inner;
-#pragma unroll
-            for (int i = 0; i < kSpan * kPieces / 32; ++i) {
-              cp_async16<kStagedPrefetch256<Op>>(to + (i * 32 + lane) * 16, at, true);
               at += kRoundRows * row_step;
             }
           } else {
