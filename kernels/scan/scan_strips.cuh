@@ -487,16 +487,20 @@ __global__ void __launch_bounds__(kStripBlock * kStripGroups<Op>,
           constexpr int kPieces = W * int{sizeof(U)} / 16;  // of a row
           static_assert(32 % kPieces == 0, "a round of copies covers whole rows");
           constexpr int kPieceElems = 16 / int{sizeof(U)};
+          // A stride walk over the span: a lane copies the same piece of
+          // every row it copies, row r0 first, kRoundRows rows a round, from
+          // one address plus a fixed stride per round.
+          constexpr int kRoundRows = 32 / kPieces;
+          // The memory row of position `first`, and the elements from one
+          // row of the walk to the next.
+          const int64_t first_row = reverse ? s.len - 1 - first : first;
+          const int64_t row_step = reverse ? -s.inner : s.inner;
+          const int r0 = lane / kPieces;
+          const int64_t column = column0 + (lane % kPieces) * kPieceElems;
+          const bool column_ok = column < s.inner;
+          const U* at = from + outer_base + column + first_row * s.inner + r0 * row_step;
           if (kStagedInteriorFetch<Op, U> && interior) {
-            // Every copy of the step valid: a lane copies the same piece of
-            // every row it copies, from one address plus a fixed stride
-            // per round, and tests nothing.
-            constexpr int kRoundRows = 32 / kPieces;
-            const int64_t first_row = reverse ? s.len - 1 - first : first;
-            const int64_t row_step = reverse ? -s.inner : s.inner;
-            const int r0 = lane / kPieces;
-            const U* at = from + outer_base + column0 + (lane % kPieces) * kPieceElems +
-                          first_row * s.inner + r0 * row_step;
+            // Every copy of the step valid: the stride walk, testing nothing.
 #pragma unroll
             for (int i = 0; i < (kSpan + kRoundRows - 1) / kRoundRows; ++i) {
               if (kSpan % kRoundRows == 0 || r0 + i * kRoundRows < kSpan) {
@@ -505,25 +509,14 @@ __global__ void __launch_bounds__(kStripBlock * kStripGroups<Op>,
               at += kRoundRows * row_step;
             }
           } else if constexpr (sizeof(U) >= 4) {
-            // Inputs of 8 or 16 pieces a row: a lane copies the same piece
-            // of every row it copies, so a step's copies are one address
-            // plus a fixed stride per round, and only steps at either end
-            // of the axis test their rows. (Each address from its position
-            // took 275 of float32 logcumsumexp forward's 1200 instructions
-            // a warp and step. H100, [4096, 8192] along dim 0: float32
-            // cumprod backward 196.4 -> 192.8 us, logcumsumexp forward
-            // 115.0 -> 113.7, bfloat16 cummax backward, whose indices are
-            // 8 bytes, 157.5 -> 151.5.)
-            constexpr int kRoundRows = 32 / kPieces;
+            // Inputs of 8 or 16 pieces a row: the stride walk, where only
+            // steps at either end of the axis test their rows. (Each
+            // address from its position took 275 of float32 logcumsumexp
+            // forward's 1200 instructions a warp and step. H100,
+            // [4096, 8192] along dim 0: float32 cumprod backward 196.4 ->
+            // 192.8 us, logcumsumexp forward 115.0 -> 113.7, bfloat16
+            // cummax backward, whose indices are 8 bytes, 157.5 -> 151.5.)
             const bool inside = first >= 0 && first + kSpan <= s.len;
-            // The memory row of position `first`, and the elements from one
-            // row of the walk to the next.
-            const int64_t first_row = reverse ? s.len - 1 - first : first;
-            const int64_t row_step = reverse ? -s.inner : s.inner;
-            const int r0 = lane / kPieces;
-            const int64_t column = column0 + (lane % kPieces) * kPieceElems;
-            const bool column_ok = column < s.inner;
-            const U* at = from + outer_base + column + first_row * s.inner + r0 * row_step;
 #pragma unroll
             for (int i = 0; i < (kSpan + kRoundRows - 1) / kRoundRows; ++i) {
               const int r = r0 + i * kRoundRows;
@@ -537,8 +530,8 @@ __global__ void __launch_bounds__(kStripBlock * kStripGroups<Op>,
             }
           } else {
             // Two-byte inputs, 4 pieces a row (8 at two columns a lane):
-            // each address from its position. The form above, with its
-            // tests on every step, ran slower here (bfloat16 cumprod
+            // each address from its position. The stride walk with its
+            // tests on every step ran slower here (bfloat16 cumprod
             // backward 109 -> 115 us, 91 -> 115 registers; logcumsumexp
             // forward 59.5 -> 61).
             constexpr int kAll = kSpan * kPieces;
