@@ -56,6 +56,18 @@ __device__ inline void mbarrier_wait(uint64_t* bar, uint32_t parity) {
 
 // ---------------------------------------------------------------- TMA
 
+// `bytes` (a multiple of 16, from and to 16-byte aligned addresses) of
+// global memory into shared memory, by the bulk copy engine without a tensor
+// map; completion is counted on `bar` in bytes.
+__device__ inline void bulk_copy_to_shared(void* dst, const void* src, uint32_t bytes,
+                                           uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(smem_address(dst)),
+      "l"(src), "r"(bytes), "r"(smem_address(bar))
+      : "memory");
+}
+
 // One box of a 4-D tensor map into shared memory (1024-byte aligned for the
 // 128-byte swizzle); completion is counted on `bar` in bytes. Coordinates are
 // in elements, innermost first; out-of-range parts of the box read as zero.

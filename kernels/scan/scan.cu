@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <type_traits>
 
 #include "common/cuda_launch.cuh"
@@ -18,6 +19,7 @@
 #include "scan/scan_publish.cuh"
 #include "scan/scan_row_groups.cuh"
 #include "scan/scan_segments.cuh"
+#include "scan/scan_staged_rows.cuh"
 #include "scan/scan_strips.cuh"
 #include "scan/scan_warp_rows.cuh"
 
@@ -257,6 +259,69 @@ KernelStatus launch_long_rows(const Op& op, const ScanShape& s, bool reverse, vo
   const unsigned grid = static_cast<unsigned>(s.outer * tiles);
   long_rows_kernel<<<grid, kScanBlock, 0, stream>>>(op, s.len, reverse, tiles, groups, slots);
   return launch_status();
+}
+
+// Whether the current device has the bulk copy engine (compute capability
+// 9.0 and up), asked once per device.
+inline bool has_bulk_copy_engine() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> known[kMaxDevices] = {};  // 0 unknown, 1 no, 2 yes
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return false;
+  int answer = known[device].load(std::memory_order_relaxed);
+  if (answer == 0) {
+    int major = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    answer = major >= 9 ? 2 : 1;
+    known[device].store(answer, std::memory_order_relaxed);
+  }
+  return answer == 2;
+}
+
+// Launches the staged long rows (scan_staged_rows.cuh) where they apply: the
+// op (kStagedRowsApply), both arrays and every row starting 16 bytes
+// aligned, a device with the bulk copy engine. Their tiles are longer than
+// long_rows' shortest, so the long_rows workspace holds their slots. Returns
+// false, launching nothing, where they do not apply.
+template <typename Op>
+bool launch_staged_rows(const Op& op, const ScanShape& s, bool reverse, void* workspace,
+                        cudaStream_t stream, KernelStatus& st) {
+  if constexpr (kStagedRowsApply<Op>) {
+    using T = typename Op::Storage;
+    const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    if (!aligned(op.src) || !aligned(op.dst) ||
+        (s.outer > 1 && s.len * int64_t{sizeof(T)} % 16 != 0) || !has_bulk_copy_engine()) {
+      return false;
+    }
+    int64_t rows = s.outer, len = s.len;
+    int64_t tiles = ceil_div(s.len, kStagedTileLen<T>);
+    int64_t groups = ceil_div(tiles, kGroupTiles);
+    LongRowsSlots<StateOf<Op>> slots =
+        long_rows_slots<StateOf<Op>>(workspace, s.outer, tiles, groups);
+    const auto kernel = reverse ? staged_rows_kernel<Op, true> : staged_rows_kernel<Op, false>;
+    // Three 16 KiB stages and the block's own shared memory pass the 48 KiB
+    // a block gets unasked; four such blocks need most of an SM's.
+    st = to_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        kStagedSharedBytes));
+    if (st.is_ok()) {
+      st = to_status(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                          cudaSharedmemCarveoutMaxShared));
+    }
+    if (!st.is_ok()) return true;
+    const int64_t resident = resident_capacity(kernel, kScanBlock, kStagedSharedBytes);
+    st = to_status(cudaMemsetAsync(workspace, 0, static_cast<size_t>(slots.bytes), stream));
+    if (!st.is_ok()) return true;
+    const unsigned grid = static_cast<unsigned>(std::min(rows * tiles, resident));
+    Op args_op = op;
+    void* args[] = {&args_op, &rows, &len, &tiles, &groups, &slots};
+    // Cooperative: a tile may wait for a tile of any block, so every block
+    // must be resident at once.
+    st = to_status(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), dim3(grid),
+                                               dim3(kScanBlock), args, kStagedSharedBytes,
+                                               stream));
+    return true;
+  }
+  return false;
 }
 
 // Rows of [outer, len], each started from its carry: a warp each where
@@ -507,6 +572,7 @@ KernelStatus launch(const Op& op, const ScanShape& s, bool reverse, void* worksp
       return launch_rows(op, s, reverse, {}, stream);
     case ScanPath::kLongRows: {
       KernelStatus st = KernelStatus::ok();
+      if (launch_staged_rows(op, s, reverse, workspace, stream, st)) return st;
       if (launch_segmented_rows(op, s, reverse, workspace, plan.workspace_bytes, stream, st)) {
         return st;
       }

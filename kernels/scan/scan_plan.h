@@ -21,10 +21,15 @@
 //              totals and of the earlier tiles of its own group -- the same
 //              association whatever the timing, so bit-identical run to run,
 //              and a tile only ever waits for tiles with smaller tickets (no
-//              deadlock). Or, for two-byte logcumsumexp forward rows of
-//              whole segments, segments enough (scan_segments.cuh: the
-//              launcher's choice, same path name): segment totals, their
-//              scan, then the segments as rows from those carries.
+//              deadlock). Or, for cumsum, cumprod and cumsum's backward
+//              on 16-byte aligned rows, on GPUs with the bulk copy engine
+//              (scan_staged_rows.cuh: the launcher's choice, same path
+//              name): persistent blocks stage 16 KiB tiles in shared memory
+//              and publish each tile's total a tile ahead of its scan. Or,
+//              for two-byte logcumsumexp forward rows of whole segments,
+//              segments enough (scan_segments.cuh: likewise): segment
+//              totals, their scan, then the segments as rows from those
+//              carries.
 //   column_strips  inner > 1 with enough columns for kMinStrips strips, and
 //              at least three in four lanes of a strip with a column: a
 //              block owns kStripWidth consecutive columns of one outer index

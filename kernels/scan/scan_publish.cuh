@@ -181,6 +181,49 @@ __device__ StateOf<Op> fold_warp(const Op& op, const StateOf<Op>& v) {
   return total;
 }
 
+// The in-order fold of the first `count` tiles of a group (count < 32),
+// warp 0 only: a lane a tile, every lane waiting for its tile's total.
+template <typename Op>
+__device__ StateOf<Op> fold_group_tiles(const Op& op, const FlaggedState<StateOf<Op>>* group_tiles,
+                                        int64_t count) {
+  static_assert(kGroupTiles == 32, "warp 0 reads a group's tiles, a lane each");
+  const int lane = threadIdx.x % 32;
+  StateOf<Op> v = op.identity();
+  if (lane < count) {
+    while (!try_read_flagged(group_tiles + lane, v)) {
+    }
+  }
+  return fold_warp(op, v);
+}
+
+// The in-order fold of the totals of groups [0, group), warps 1 and up: each
+// lane a fixed run of them, then the warp's lanes in order.
+template <typename Op>
+__device__ StateOf<Op> fold_earlier_groups(const Op& op,
+                                           const FlaggedState<StateOf<Op>>* row_groups,
+                                           int64_t group) {
+  constexpr int kReaders = (kScanBlock / 32 - 1) * 32;
+  const int64_t per = (group + kReaders - 1) / kReaders;
+  const int64_t begin = int64_t(threadIdx.x - 32) * per;
+  const int64_t end = begin + per < group ? begin + per : group;
+  return fold_published(op, row_groups, begin, end);
+}
+
+// Joins each warp's fold (lane 0's) behind one barrier: the earlier groups'
+// (warps 1 and up, in warp order), then the group's earlier tiles (warp 0).
+template <typename Op>
+__device__ StateOf<Op> join_prefix_folds(const Op& op, const StateOf<Op>& v) {
+  using State = StateOf<Op>;
+  constexpr int kWarps = kScanBlock / 32;
+  __shared__ State warp_folds[kWarps];
+  if (threadIdx.x % 32 == 0) warp_folds[threadIdx.x / 32] = v;
+  __syncthreads();
+  State prefix = op.identity();
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w) prefix = op.combine(prefix, warp_folds[w]);
+  return op.combine(prefix, warp_folds[0]);
+}
+
 // Everything before tile `tile` of a row of long_rows, from the published
 // totals, in one round of reads: warp 0 publishes the tile's total and reads
 // the earlier tiles of its group, a lane each (and when the tile closes a
@@ -194,9 +237,6 @@ __device__ StateOf<Op> tile_prefix(const Op& op, const StateOf<Op>& tile_total,
                                    FlaggedState<StateOf<Op>>* row_groups, int64_t tile,
                                    int64_t groups) {
   using State = StateOf<Op>;
-  static_assert(kGroupTiles == 32, "warp 0 reads a group's tiles, a lane each");
-  constexpr int kWarps = kScanBlock / 32;
-  __shared__ State warp_folds[kWarps];
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int64_t group = tile / kGroupTiles;
@@ -205,29 +245,14 @@ __device__ StateOf<Op> tile_prefix(const Op& op, const StateOf<Op>& tile_total,
   if (warp == 0) {
     if (lane == 0) publish_flagged(row_tiles + tile, tile_total);
     const int64_t earlier = tile - group_first;
-    v = op.identity();
-    if (lane < earlier) {
-      while (!try_read_flagged(row_tiles + group_first + lane, v)) {
-      }
-    }
-    v = fold_warp(op, v);
+    v = fold_group_tiles(op, row_tiles + group_first, earlier);
     if (earlier == kGroupTiles - 1 && group + 1 < groups && lane == 0) {
       publish_flagged(row_groups + group, op.combine(v, tile_total));
     }
   } else {
-    constexpr int kReaders = (kWarps - 1) * 32;
-    const int64_t per = (group + kReaders - 1) / kReaders;
-    const int64_t begin = int64_t(threadIdx.x - 32) * per;
-    const int64_t end = begin + per < group ? begin + per : group;
-    v = fold_published(op, row_groups, begin, end);
-    v = fold_warp(op, v);
+    v = fold_warp(op, fold_earlier_groups(op, row_groups, group));
   }
-  if (lane == 0) warp_folds[warp] = v;
-  __syncthreads();
-  State prefix = op.identity();
-#pragma unroll
-  for (int w = 1; w < kWarps; ++w) prefix = op.combine(prefix, warp_folds[w]);
-  return op.combine(prefix, warp_folds[0]);
+  return join_prefix_folds(op, v);
 }
 
 // ---------------------------------------------------------------- column_tiles

@@ -1,0 +1,340 @@
+// Staged long rows: the long_rows path (scan_plan.h) for the plain scalar
+// scans -- cumsum, cumprod and cumsum's backward, one array in and one out,
+// the state the accumulated value itself -- on rows that start 16 bytes
+// aligned, on GPUs with the bulk copy engine (compute capability 9.0 and
+// up). Included by scan.cu. No torch headers.
+//
+// A long_rows block issues its loads at its start and none after, so memory
+// idles while it waits for its prefix, scans and stores. Here persistent
+// blocks, all resident at once (a cooperative launch), walk the tiles of
+// every row striped by block index -- block b takes tiles b, b + G, b + 2G,
+// ... of the rows' tiles in scan order -- and keep kStagedStages tiles a
+// block in shared memory or on their way, each requested from the bulk copy
+// engine as soon as its stage frees. A block folds its next tile and
+// publishes that tile's total before it waits for the prefix of the tile it
+// scans: no tile's total ever waits for a prefix, and a tile waits only for
+// tiles with smaller indices, every one of them owned by a resident block.
+// The prefix is folded from the published totals in tile_prefix's order
+// (scan_publish.cuh), so results are bit-identical run to run.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "common/hopper.cuh"
+#include "scan/scan_block.cuh"
+#include "scan/scan_plan.h"
+#include "scan/scan_publish.cuh"
+
+namespace baracuda {
+namespace scan {
+
+template <typename Op>
+constexpr bool kStagedRowsApply = HasPlainIo<Op>::value && !HasRunScan<Op>::value &&
+                                  std::is_floating_point<StateOf<Op>>::value;
+
+// A thread holds kStagedVectors 16-byte vectors of a tile: a tile is 16 KiB,
+// whatever the element (4096 float32, 8192 bfloat16), at least the kTileLen
+// elements the plan sizes long_rows' workspace for. Three stages: the tile
+// scanned, the next one folded ahead, one on its way. Measured on H100 with
+// a cumsum-only form of this kernel ([1, 16M], benchmarks/RESULTS.md):
+// vectors 2 / 4 / 8 took float32 61.2 / 57.1 / 56.4 us.
+constexpr int kStagedVectors = 4;
+constexpr int kStagedStages = 3;
+constexpr int kStagedTileVectors = kScanBlock * kStagedVectors;
+constexpr int kStagedTileBytes = kStagedTileVectors * 16;
+constexpr int kStagedSharedBytes = kStagedStages * kStagedTileBytes;
+
+template <typename T>
+constexpr int64_t kStagedTileLen = kStagedTileBytes / int64_t{sizeof(T)};
+
+// One tile of one row, in memory order.
+template <typename T>
+struct StagedTile {
+  const uint4* stage;  // its staged vectors
+  const T* src;        // its first element in memory
+  T* dst;
+  int64_t valid;   // its elements inside the row (kStagedTileLen<T> but for a row's last)
+  int64_t staged;  // of those, the ones the stage holds (whole vectors)
+};
+
+// Where tile g (of all rows' tiles, in scan order) lies.
+struct StagedPlace {
+  int64_t row, tile;    // tile `tile` of row `row`, in scan order
+  int64_t first;        // its first element in memory, from the arrays' start
+  int64_t valid;        // its elements inside the row
+};
+
+template <typename T, bool kReverse>
+struct StagedTiling {
+  const T* src;
+  T* dst;
+  int64_t len, tiles;
+  // Every tile index fits 32 bits (a tile is 16 KiB), and a 32-bit division
+  // costs a fraction of a 64-bit one.
+  __device__ StagedPlace place(int64_t g) const {
+    StagedPlace p;
+    p.row = static_cast<uint32_t>(g) / static_cast<uint32_t>(tiles);
+    p.tile = g - p.row * tiles;
+    const int64_t in_memory = kReverse ? tiles - 1 - p.tile : p.tile;
+    p.first = p.row * len + in_memory * kStagedTileLen<T>;
+    const int64_t rest = len - in_memory * kStagedTileLen<T>;
+    p.valid = rest < kStagedTileLen<T> ? rest : kStagedTileLen<T>;
+    return p;
+  }
+  // Thread 0: asks the copy engine for the tile's whole vectors into `stage`.
+  __device__ void request(const StagedPlace& p, unsigned char* stage, uint64_t* full) const {
+    const uint32_t bytes = static_cast<uint32_t>(p.valid * int64_t{sizeof(T)}) & ~15u;
+    mbarrier_arrive_expect_tx(full, bytes);
+    if (bytes > 0) bulk_copy_to_shared(stage, src + p.first, bytes, full);
+  }
+  __device__ StagedTile<T> view(const StagedPlace& p, const unsigned char* stage) const {
+    constexpr int64_t kPerVector = 16 / int64_t{sizeof(T)};
+    return {reinterpret_cast<const uint4*>(stage), src + p.first, dst + p.first, p.valid,
+            p.valid / kPerVector * kPerVector};
+  }
+};
+
+// The elements of the vector a thread meets q-th in a tile's scan order,
+// in scan order. A row's last tile (kWhole false) reads what the stage
+// lacks from memory, and positions past the row as the identity.
+template <typename Op, bool kReverse, bool kWhole>
+struct StagedVector {
+  using T = typename Op::Storage;
+  using Acc = StateOf<Op>;
+  static constexpr int kElems = 16 / sizeof(T);
+  static __device__ int memory_vector(int q) { return kReverse ? kStagedTileVectors - 1 - q : q; }
+  static __device__ int memory_element(int e) { return kReverse ? kElems - 1 - e : e; }
+
+  static __device__ void load(const Op& op, const StagedTile<T>& t, int q, Acc (&v)[kElems]) {
+    const int m = memory_vector(q);
+    if constexpr (kWhole) {
+      const uint4 u = t.stage[m];
+      T raw[kElems];
+      memcpy(raw, &u, 16);
+#pragma unroll
+      for (int e = 0; e < kElems; ++e) v[e] = to_acc<Acc>(raw[memory_element(e)]);
+    } else {
+      const T* staged = reinterpret_cast<const T*>(t.stage);
+#pragma unroll
+      for (int e = 0; e < kElems; ++e) {
+        const int64_t p = int64_t(m) * kElems + memory_element(e);
+        v[e] = p < t.staged ? to_acc<Acc>(staged[p])
+               : p < t.valid ? to_acc<Acc>(t.src[p])
+                             : op.identity();
+      }
+    }
+  }
+
+  static __device__ void store(const StagedTile<T>& t, int q, const Acc (&v)[kElems]) {
+    const int m = memory_vector(q);
+    T raw[kElems];
+#pragma unroll
+    for (int e = 0; e < kElems; ++e) raw[memory_element(e)] = from_acc<T>(v[e]);
+    if constexpr (kWhole) {
+      uint4 u;
+      memcpy(&u, raw, 16);
+      reinterpret_cast<uint4*>(t.dst)[m] = u;
+    } else {
+#pragma unroll
+      for (int e = 0; e < kElems; ++e) {
+        const int64_t p = int64_t(m) * kElems + e;
+        if (p < t.valid) t.dst[p] = raw[e];
+      }
+    }
+  }
+};
+
+// What a thread keeps of a folded tile: for each of its vectors, everything
+// in the tile before it, and each chunk's total (a chunk being the block's
+// q-th vectors, q = c * kScanBlock + thread).
+template <typename Acc>
+struct StagedFold {
+  Acc before[kStagedVectors];
+  Acc chunk_total[kStagedVectors];
+};
+
+// Folds a staged tile; returns its total (in every thread). The block's
+// warps meet in `warp_totals` between two barriers.
+template <typename Op, bool kReverse, bool kWhole>
+__device__ StateOf<Op> fold_staged_tile(const Op& op, const StagedTile<typename Op::Storage>& t,
+                                        StagedFold<StateOf<Op>>& f,
+                                        StateOf<Op> (*warp_totals)[kStagedVectors]) {
+  using Acc = StateOf<Op>;
+  using Vector = StagedVector<Op, kReverse, kWhole>;
+  constexpr int kWarps = kScanBlock / 32;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  Acc excl[kStagedVectors];
+#pragma unroll
+  for (int c = 0; c < kStagedVectors; ++c) {
+    Acc v[Vector::kElems];
+    Vector::load(op, t, c * kScanBlock + threadIdx.x, v);
+    Acc run = v[0];
+#pragma unroll
+    for (int e = 1; e < Vector::kElems; ++e) run = op.combine(run, v[e]);
+    Acc incl = run;
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const Acc up = __shfl_up_sync(0xffffffffu, incl, d);
+      if (lane >= d) incl = op.combine(up, incl);
+    }
+    excl[c] = __shfl_up_sync(0xffffffffu, incl, 1);
+    if (lane == 0) excl[c] = op.identity();
+    if (lane == 31) warp_totals[warp][c] = incl;
+  }
+  __syncthreads();
+  Acc tile_total = op.identity();
+#pragma unroll
+  for (int c = 0; c < kStagedVectors; ++c) {
+    Acc before = op.identity(), total = op.identity();
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const Acc wt = warp_totals[w][c];
+      if (w < warp) before = op.combine(before, wt);
+      total = op.combine(total, wt);
+    }
+    f.before[c] = op.combine(before, excl[c]);
+    f.chunk_total[c] = total;
+    tile_total = op.combine(tile_total, total);
+  }
+  __syncthreads();  // warp_totals free for the next fold
+  return tile_total;
+}
+
+// Scans a folded tile from everything before it and stores it.
+template <typename Op, bool kReverse, bool kWhole>
+__device__ void scan_staged_tile(const Op& op, const StagedTile<typename Op::Storage>& t,
+                                 const StagedFold<StateOf<Op>>& f, StateOf<Op> carry) {
+  using Acc = StateOf<Op>;
+  using Vector = StagedVector<Op, kReverse, kWhole>;
+#pragma unroll
+  for (int c = 0; c < kStagedVectors; ++c) {
+    const int q = c * kScanBlock + threadIdx.x;
+    Acc v[Vector::kElems];
+    Vector::load(op, t, q, v);
+    Acc run = op.combine(carry, f.before[c]);
+#pragma unroll
+    for (int e = 0; e < Vector::kElems; ++e) v[e] = run = op.combine(run, v[e]);
+    Vector::store(t, q, v);
+    carry = op.combine(carry, f.chunk_total[c]);
+  }
+}
+
+template <typename Op, bool kReverse>
+__device__ StateOf<Op> fold_staged(const Op& op, const StagedTile<typename Op::Storage>& t,
+                                   StagedFold<StateOf<Op>>& f,
+                                   StateOf<Op> (*warp_totals)[kStagedVectors]) {
+  if (t.valid == kStagedTileLen<typename Op::Storage>) {
+    return fold_staged_tile<Op, kReverse, true>(op, t, f, warp_totals);
+  }
+  return fold_staged_tile<Op, kReverse, false>(op, t, f, warp_totals);
+}
+
+template <typename Op, bool kReverse>
+__device__ void scan_staged(const Op& op, const StagedTile<typename Op::Storage>& t,
+                            const StagedFold<StateOf<Op>>& f, StateOf<Op> carry) {
+  if (t.valid == kStagedTileLen<typename Op::Storage>) {
+    scan_staged_tile<Op, kReverse, true>(op, t, f, carry);
+  } else {
+    scan_staged_tile<Op, kReverse, false>(op, t, f, carry);
+  }
+}
+
+// Publishes tile `tile`'s total (warp 0), and where the tile closes a group
+// that later tiles depend on, the group's total in tile_prefix's order.
+template <typename Op>
+__device__ void publish_staged_total(const Op& op, const StateOf<Op>& total,
+                                     FlaggedState<StateOf<Op>>* row_tiles,
+                                     FlaggedState<StateOf<Op>>* row_groups, int64_t tile,
+                                     int64_t groups) {
+  if (threadIdx.x >= 32) return;
+  const int64_t group = tile / kGroupTiles;
+  const int64_t group_first = group * kGroupTiles;
+  if (threadIdx.x == 0) publish_flagged(row_tiles + tile, total);
+  if (tile - group_first == kGroupTiles - 1 && group + 1 < groups) {
+    const StateOf<Op> v = fold_group_tiles(op, row_tiles + group_first, kGroupTiles - 1);
+    if (threadIdx.x == 0) publish_flagged(row_groups + group, op.combine(v, total));
+  }
+}
+
+// Everything before tile `tile` of its row, as tile_prefix folds it.
+template <typename Op>
+__device__ StateOf<Op> staged_prefix(const Op& op, const FlaggedState<StateOf<Op>>* row_tiles,
+                                     const FlaggedState<StateOf<Op>>* row_groups, int64_t tile) {
+  const int64_t group = tile / kGroupTiles;
+  const int64_t group_first = group * kGroupTiles;
+  const StateOf<Op> v =
+      threadIdx.x < 32 ? fold_group_tiles(op, row_tiles + group_first, tile - group_first)
+                       : fold_warp(op, fold_earlier_groups(op, row_groups, group));
+  return join_prefix_folds(op, v);
+}
+
+// Blocks per SM: four, as many as the stages' shared memory allows, where
+// the registers of float states fit; float64 states take three.
+template <typename Op>
+constexpr int kStagedBlocksPerSm = sizeof(StateOf<Op>) <= 4 ? 4 : 3;
+
+// Grid: at most one block per tile, every block resident (launched
+// cooperatively); dynamic shared memory kStagedSharedBytes.
+template <typename Op, bool kReverse>
+__global__ void __launch_bounds__(kScanBlock, kStagedBlocksPerSm<Op>)
+    staged_rows_kernel(Op op, int64_t rows, int64_t len, int64_t tiles, int64_t groups,
+                       LongRowsSlots<StateOf<Op>> ws) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using T = typename Op::Storage;
+  using Acc = StateOf<Op>;
+  extern __shared__ __align__(128) unsigned char stages[];
+  __shared__ __align__(8) uint64_t full[kStagedStages];
+  __shared__ Acc warp_totals[kScanBlock / 32][kStagedVectors];
+  const StagedTiling<T, kReverse> tiling{op.src, op.dst, len, tiles};
+  const int64_t all = rows * tiles;
+  const int64_t step = gridDim.x;
+  auto stage_of = [&](int slot) { return stages + slot * kStagedTileBytes; };
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStagedStages; ++s) mbarrier_init(&full[s], 1);
+    mbarrier_init_fence();
+    for (int s = 0; s < kStagedStages; ++s) {
+      const int64_t g = blockIdx.x + s * step;
+      if (g < all) tiling.request(tiling.place(g), stage_of(s), &full[s]);
+    }
+  }
+  __syncthreads();
+  auto publish = [&](const StagedPlace& p, const Acc& total) {
+    publish_staged_total(op, total, ws.tile_totals + p.row * tiles,
+                         ws.group_totals + p.row * groups, p.tile, groups);
+  };
+  StagedFold<Acc> cur, next;
+  StagedPlace here = tiling.place(blockIdx.x);
+  mbarrier_wait(&full[0], 0);
+  publish(here, fold_staged<Op, kReverse>(op, tiling.view(here, stage_of(0)), cur, warp_totals));
+  // Round i scans tile blockIdx.x + i * step from stage i % kStagedStages,
+  // whose barrier is then in its (i / kStagedStages)-th phase.
+  int slot = 0, phase = 0;
+  for (int64_t g = blockIdx.x; g < all; g += step) {
+    const int next_slot = slot + 1 == kStagedStages ? 0 : slot + 1;
+    const int next_phase = next_slot == 0 ? phase ^ 1 : phase;
+    StagedPlace there{};
+    if (g + step < all) {
+      there = tiling.place(g + step);
+      mbarrier_wait(&full[next_slot], next_phase);
+      publish(there, fold_staged<Op, kReverse>(op, tiling.view(there, stage_of(next_slot)), next,
+                                               warp_totals));
+    }
+    const Acc prefix = staged_prefix(op, ws.tile_totals + here.row * tiles,
+                                     ws.group_totals + here.row * groups, here.tile);
+    scan_staged<Op, kReverse>(op, tiling.view(here, stage_of(slot)), cur, prefix);
+    __syncthreads();  // every thread is done with the stage
+    if (threadIdx.x == 0 && g + kStagedStages * step < all) {
+      tiling.request(tiling.place(g + kStagedStages * step), stage_of(slot), &full[slot]);
+    }
+    cur = next;
+    here = there;
+    slot = next_slot;
+    phase = next_phase;
+  }
+#endif
+}
+
+}  // namespace scan
+}  // namespace baracuda
