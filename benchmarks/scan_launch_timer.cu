@@ -286,7 +286,8 @@ int main(int argc, char** argv) {
     ScanShape shape;
   };
   // The issue's three shapes, the few-column shapes of bench_scan_shapes.py
-  // (the columns and column_tiles paths), and many short rows (row_groups).
+  // (the columns and column_tiles paths), many short rows (row_groups), and
+  // other long rows (long_rows).
   const Shape shapes[] = {{"[4096, 8192] dim=-1", {4096, 8192, 1}},
                           {"[4096, 8192] dim=0", {1, 4096, 8192}},
                           {"[1, 16777216]", {1, 1 << 24, 1}},
@@ -296,7 +297,11 @@ int main(int argc, char** argv) {
                           {"[4096, 96] dim=0", {1, 4096, 96}},
                           {"[1048576, 16] dim=-1", {1048576, 16, 1}},
                           {"[262144, 64] dim=-1", {262144, 64, 1}},
-                          {"[65536, 256] dim=-1", {65536, 256, 1}}};
+                          {"[65536, 256] dim=-1", {65536, 256, 1}},
+                          {"[1, 1048576]", {1, 1 << 20, 1}},
+                          {"[1, 4194304]", {1, 1 << 22, 1}},
+                          {"[4, 4194304]", {4, 1 << 22, 1}},
+                          {"[64, 262144]", {64, 1 << 18, 1}}};
   std::mt19937 gen(0);
   std::normal_distribution<float> normal;
   for (const bool bf16 : {false, true}) {
