@@ -959,6 +959,39 @@ def test_staged_long_rows_on_cuda(dtype, name):
                 assert torch.equal(our_grad(name, x, -1, reverse, dy).double().cpu(), got)
 
 
+# cummax / cummin on the same long rows (the long_rows kernel: their
+# value-position states are not staged). Values on a coarse grid, so that
+# ties abound (a later tie wins, as in torch), infinities in the first row,
+# NaNs on 16 KiB tile edges of every element size in the last (a NaN takes
+# over from there on, the last NaN winning); the gradients follow the
+# indices.
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64],
+                         ids=str)
+@pytest.mark.parametrize("name", EXTREME)
+def test_long_rows_cummax_cummin_tile_edges_on_cuda(dtype, name):
+    g = torch.Generator().manual_seed(12)
+    for shape in STAGED_ROWS:
+        assert bt.scan_path(torch.empty(shape, device="meta"), -1) == "long_rows"
+        x = torch.randint(-60, 60, shape, generator=g).double() / 4
+        x[0, torch.randint(0, shape[1], (20,), generator=g)] = INF
+        x[0, torch.randint(0, shape[1], (20,), generator=g)] = -INF
+        mid = shape[1] // 2 // 8192 * 8192
+        x[-1, [mid - 1, mid, mid + 2047, mid + 2048, mid + 4095, mid + 4096]] = NAN
+        x = x.to(dtype).cuda()
+        dy = torch.randn(shape, generator=g).to(dtype).cuda()
+        for reverse in (False, True):
+            check(name, x, -1, reverse)
+            values, indices = ours(name, x, -1, reverse)
+            again = ours(name, x, -1, reverse)
+            assert torch.equal(again[1], indices)
+            assert torch.equal(again[0].isnan(), values.isnan())
+            assert torch.equal(again[0].nan_to_num(), values.nan_to_num())
+            got = our_grad(name, x, -1, reverse, dy).double().cpu()
+            ref = reference_grad(name, x, -1, reverse, dy)
+            torch.testing.assert_close(got, ref, **tol(dtype, shape[1]))
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("reverse", [False, True])
 def test_staged_long_rows_in_cuda_graph(reverse):
