@@ -1,6 +1,6 @@
 // Hopper (sm_90) building blocks: transaction barriers in shared memory, the
-// bulk tensor copy engine (TMA) and the warpgroup matrix-multiply fences and
-// shared-memory descriptors. Everything here needs compute capability 9.0;
+// bulk tensor copy engine (TMA), programmatic dependent launch and the
+// warpgroup matrix-multiply fences and shared-memory descriptors. Everything here needs compute capability 9.0;
 // the wgmma parts need the sm_90a target. No torch headers.
 #pragma once
 
@@ -52,6 +52,32 @@ __device__ inline void mbarrier_wait(uint64_t* bar, uint32_t parity) {
         : "r"(smem_address(bar)), "r"(parity)
         : "memory");
   } while (!done);
+}
+
+// ---------------------------------------------------------------- PDL
+//
+// Programmatic dependent launch: a kernel launched with the
+// programmatic-stream-serialization attribute may start while the kernel
+// ahead of it in the stream still runs, once that one has called
+// grid_dependents_launch (or finished). It may prepare, but must call
+// grid_dependency_wait before it touches memory the kernel ahead writes: the
+// wait returns once that kernel has finished and its writes are visible.
+// Memory written before the kernel ahead is safe to read only where that
+// kernel itself waited for its own predecessors before it let dependents
+// launch. Without the attribute both calls return at once; below compute
+// capability 9.0 they compile to nothing, so kernels built for every
+// architecture may call them.
+
+__device__ inline void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+__device__ inline void grid_dependents_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
 }
 
 // ---------------------------------------------------------------- TMA

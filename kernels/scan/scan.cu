@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "common/cuda_launch.cuh"
+#include "common/zeroed_launch.cuh"
 #include "scan/scan_block.cuh"
 #include "scan/scan_dispatch.h"
 #include "scan/scan_kernels.h"
@@ -213,6 +214,7 @@ __global__ void __launch_bounds__(kScanBlock, kLongRowsBlocksPerSm<Op>)
   constexpr int kChunks = kLongChunks<Op>;
   const TotalsOf<Op> totals = totals_of(op);
   __shared__ LongRowsShared<Op> shared;
+  grid_dependency_wait();  // for the zeroed workspace (launch_behind_zeroing)
   const int64_t ticket = take_ticket(ws.counter);
   const int64_t row = ticket / tiles;
   const int64_t tile = ticket - row * tiles;
@@ -253,29 +255,10 @@ KernelStatus launch_long_rows(const Op& op, const ScanShape& s, bool reverse, vo
   const int64_t groups = ceil_div(tiles, kGroupTiles);
   const LongRowsSlots<TotalOf<Op>> slots =
       long_rows_slots<TotalOf<Op>>(workspace, s.outer, tiles, groups);
-  const KernelStatus st =
-      to_status(cudaMemsetAsync(workspace, 0, static_cast<size_t>(slots.bytes), stream));
-  if (!st.is_ok()) return st;
   const unsigned grid = static_cast<unsigned>(s.outer * tiles);
-  long_rows_kernel<<<grid, kScanBlock, 0, stream>>>(op, s.len, reverse, tiles, groups, slots);
-  return launch_status();
-}
-
-// Whether the current device has the bulk copy engine (compute capability
-// 9.0 and up), asked once per device.
-inline bool has_bulk_copy_engine() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> known[kMaxDevices] = {};  // 0 unknown, 1 no, 2 yes
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return false;
-  int answer = known[device].load(std::memory_order_relaxed);
-  if (answer == 0) {
-    int major = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    answer = major >= 9 ? 2 : 1;
-    known[device].store(answer, std::memory_order_relaxed);
-  }
-  return answer == 2;
+  return launch_behind_zeroing(workspace, slots.bytes, long_rows_kernel<Op>, dim3(grid),
+                               dim3(kScanBlock), 0, stream, op, s.len, reverse, tiles, groups,
+                               slots);
 }
 
 // Launches the staged long rows (scan_staged_rows.cuh) where they apply: the
@@ -290,7 +273,7 @@ bool launch_staged_rows(const Op& op, const ScanShape& s, bool reverse, void* wo
     using T = typename Op::Storage;
     const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
     if (!aligned(op.src) || !aligned(op.dst) ||
-        (s.outer > 1 && s.len * int64_t{sizeof(T)} % 16 != 0) || !has_bulk_copy_engine()) {
+        (s.outer > 1 && s.len * int64_t{sizeof(T)} % 16 != 0) || !device_is_sm90_or_newer()) {
       return false;
     }
     int64_t rows = s.outer, len = s.len;
@@ -309,6 +292,11 @@ bool launch_staged_rows(const Op& op, const ScanShape& s, bool reverse, void* wo
     }
     if (!st.is_ok()) return true;
     const int64_t resident = resident_capacity(kernel, kScanBlock, kStagedSharedBytes);
+    // A memset rather than launch_behind_zeroing: a cooperative launch does
+    // not start early behind a kernel (H100, [1, 16M] float32: 58.1 us with
+    // either), and a plain one that did (56.0 us) could not promise that every
+    // block is resident, which the tiles striped by block index need
+    // (benchmarks/RESULTS.md).
     st = to_status(cudaMemsetAsync(workspace, 0, static_cast<size_t>(slots.bytes), stream));
     if (!st.is_ok()) return true;
     const unsigned grid = static_cast<unsigned>(std::min(rows * tiles, resident));
@@ -490,6 +478,7 @@ __global__ void __launch_bounds__(kColumnBlock)
                         int64_t blocks, TileSlots<StateOf<Op>> ws) {
   using State = StateOf<Op>;
   static_assert(kMaxColumnGroups + kGroupTiles <= kColumnBlock, "one waiting thread per flag");
+  grid_dependency_wait();  // for the zeroed workspace (launch_behind_zeroing)
   const int64_t ticket = take_ticket(ws.counter);
   const int64_t tile = ticket / blocks;
   const int64_t block = ticket - tile * blocks;
@@ -585,16 +574,13 @@ KernelStatus launch(const Op& op, const ScanShape& s, bool reverse, void* worksp
         return KernelStatus::invalid("scan: column_tiles with 64-bit positions");
       } else {
         const TileWorkspace& w = plan.tile_ws;
-        const KernelStatus st = to_status(
-            cudaMemsetAsync(workspace, 0, static_cast<size_t>(w.zeroed_bytes()), stream));
-        if (!st.is_ok()) return st;
         const unsigned grid = static_cast<unsigned>(plan.tiles * plan.column_blocks);
         const auto kernel = s.outer * s.inner < kFewTileColumns ? column_tiles_kernel<Op, 8>
                                                                 : column_tiles_kernel<Op, 1>;
-        kernel<<<grid, kColumnBlock, 0, stream>>>(op, s, reverse, plan.tiles, plan.groups,
-                                                  plan.column_blocks,
-                                                  tile_slots<State>(workspace, w));
-        return launch_status();
+        return launch_behind_zeroing(workspace, w.zeroed_bytes(), kernel, dim3(grid),
+                                     dim3(kColumnBlock), 0, stream, op, s, reverse, plan.tiles,
+                                     plan.groups, plan.column_blocks,
+                                     tile_slots<State>(workspace, w));
       }
     }
     case ScanPath::kColumns: {

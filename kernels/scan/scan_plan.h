@@ -106,15 +106,16 @@ constexpr int64_t kMaxColumnGroups = 64;
 constexpr int64_t kMaxColumnTileWorkspace = int64_t(64) << 20;
 
 // Workspace of long_rows: the ticket counter, then a published state per tile
-// and per group (flagged words, scan_publish.cuh), all zeroed before every
-// launch. A state of up to 16 bytes takes two 16-byte words.
+// and per group (flagged words, scan_publish.cuh), all zeroed ahead of every
+// launch (by a kernel, common/zeroed_launch.cuh; the staged long rows by a
+// memset). A state of up to 16 bytes takes two 16-byte words.
 constexpr int64_t kLongRowsCounterBytes = 16;
 constexpr int64_t kFlaggedSlotBytes = 32;
 
 // Workspace of column_tiles, in this order: the ticket counter (16
-// bytes), the ready flags of tiles and of groups (uint32, zeroed before every
-// launch), then the state slots of tiles and of groups: a flag per tile and
-// a slot per column.
+// bytes), the ready flags of tiles and of groups (uint32, zeroed by a
+// kernel ahead of every launch), then the state slots of tiles and of
+// groups: a flag per tile and a slot per column.
 struct TileWorkspace {
   int64_t tile_flags = 0;
   int64_t group_flags = 0;
