@@ -55,6 +55,11 @@ def ours(name, x, dim, reverse=False):
     return tuple(out) if name in EXTREME else out
 
 
+def outputs(out):
+    """An op's result as a tuple of tensors (cummax / cummin give two)."""
+    return out if isinstance(out, tuple) else (out,)
+
+
 def reference(name, x, dim, reverse=False):
     """torch's CPU op in float64, flipped around for reverse; indices mapped
     back to the original coordinates."""
@@ -703,7 +708,7 @@ def test_graph_recorded_only_when_needed(device, name, rng):
         inference = ours(name, x.clone(), 1)
     graphed = ours(name, xg, 1)
     for out in (plain, no_grad, inference):
-        for t in (out if name in EXTREME else (out,)):
+        for t in outputs(out):
             assert t.grad_fn is None and not t.requires_grad
     values = graphed[0] if name in EXTREME else graphed
     assert values.grad_fn is not None and values.requires_grad
@@ -1014,6 +1019,61 @@ def test_staged_long_rows_in_cuda_graph(reverse):
         check("cumsum", x, 1, reverse)
 
 
+# The paths whose workspace is zeroed by a kernel launched ahead of theirs
+# (long_rows, column_tiles): on compute capability 9.0 and up both kernels
+# launch programmatically, each allowed to start before the one ahead ends.
+# long_rows here for logcumsumexp and cummax (cumsum's aligned rows take the
+# staged kernel, with a memset), column_tiles for cumsum along dim 0.
+WORKSPACE_CASES = [("logcumsumexp", (2, 1 << 20), 1), ("cummax", (2, 1 << 20), 1),
+                   ("cumsum", (1100, 1024), 0)]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name,shape,dim", WORKSPACE_CASES, ids=str)
+def test_zeroed_workspace_paths_back_to_back_on_cuda(name, shape, dim):
+    """Calls queued back to back on one stream, with no sync between them:
+    each call's workspace is the memory the call before it just freed, so a
+    zeroing that ran before the previous kernel finished would corrupt that
+    one's tickets and flags (a wrong result or a hang)."""
+    assert bt.scan_path(torch.empty(shape, device="meta"), dim) == (
+        "column_tiles" if dim == 0 else "long_rows")
+    g = torch.Generator(device="cuda").manual_seed(13)
+    xs = [torch.randn(shape, generator=g, device="cuda") for _ in range(12)]
+    outs = [ours(name, x, dim, reverse=k % 2 == 1) for k, x in enumerate(xs)]
+    torch.cuda.synchronize()
+    for k, (x, out) in enumerate(zip(xs, outs)):
+        alone = ours(name, x, dim, reverse=k % 2 == 1)
+        torch.cuda.synchronize()
+        for a, b in zip(outputs(out), outputs(alone)):
+            assert torch.equal(a, b)  # bit-identical to a call with the GPU to itself
+    check(name, xs[0], dim, False)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name,shape,dim", WORKSPACE_CASES, ids=str)
+def test_zeroed_workspace_paths_in_cuda_graph(name, shape, dim):
+    g = torch.Generator(device="cuda").manual_seed(17)
+    x = torch.randn(shape, generator=g, device="cuda")
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        ours(name, x, dim)  # warm up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = outputs(ours(name, x, dim))
+    for _ in range(2):
+        x.copy_(torch.randn(shape, generator=g, device="cuda"))
+        for out in captured:
+            out.fill_(-1 if out.dtype == torch.int64 else float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        for a, b in zip(captured, outputs(ours(name, x, dim))):
+            assert torch.equal(a, b)
+        check(name, x, dim, False)
+
+
 # On CUDA, two-byte logcumsumexp rows a whole number of 4096-element
 # segments long, 2048 segments or more in all, are scanned forward as
 # segments (scan_segments.cuh): each segment's total, a scan of those per
@@ -1065,14 +1125,19 @@ def test_long_rows_more_tile_groups_than_readers_on_cuda():
     """A row long enough that each reader of earlier groups' totals folds
     several of them (more groups than the 224 reading lanes of a long_rows
     block, for float32 tiles of three chunks). Small integers keep every
-    float32 partial sum exact, so the check is equality."""
+    float32 partial sum exact, so the check is equality. The row starts 4
+    bytes past a 16-byte boundary, so that the long_rows kernel itself runs
+    it on every GPU (aligned float32 cumsum rows take the staged kernel on
+    compute capability 9.0 and up); the aligned row is checked too."""
     n = 240 * 32 * 3 * 2048 + 777
     g = torch.Generator(device="cuda").manual_seed(11)
     ints = torch.randint(-1, 2, (1, n), generator=g, device="cuda")
-    x = ints.float()
-    assert bt.scan_path(x, 1) == "long_rows"
-    for reverse in (False, True):
-        ref = ints.flip(1).cumsum(1).flip(1) if reverse else ints.cumsum(1)
-        assert ref.abs().max().item() < 1 << 24
-        got = bt.cumsum(x, 1, reverse=reverse)
-        assert torch.equal(got.long(), ref)
+    padded = torch.empty(1, n + 1, device="cuda")
+    padded[:, 1:] = ints.float()
+    for x in (padded[:, 1:], ints.float()):
+        assert bt.scan_path(x, 1) == "long_rows"
+        for reverse in (False, True):
+            ref = ints.flip(1).cumsum(1).flip(1) if reverse else ints.cumsum(1)
+            assert ref.abs().max().item() < 1 << 24
+            got = bt.cumsum(x, 1, reverse=reverse)
+            assert torch.equal(got.long(), ref)
