@@ -7,7 +7,8 @@ Timed on the device alone (``Case.device_only``): the target is a fraction
 of copy bandwidth, which host launch gaps must not blur. Bytes moved are the
 minimum: forward reads x and writes y (+ int64 indices for cummax / cummin);
 backward reads dy and the saved tensors it needs (cumprod, logcumsumexp: x
-and y; cummax / cummin: the indices) and writes dx.
+and y; cummax / cummin: the indices) and writes dx. Each row also gives ours against a copy of those same bytes
+(the runner's last column), beside the 1 GiB copy roofline.
 """
 
 import torch
@@ -56,7 +57,8 @@ def _forward_cases(name, shape, dim, dtype, device, label):
     sets = _inputs(shape, dtype, device, n_sets(moved))
     ours = rotate([lambda x=x: getattr(bt, name)(x, dim) for x, _ in sets])
     peer = rotate([lambda x=x: getattr(torch, name)(x, dim) for x, _ in sets])
-    common = dict(dtype=dtype_name(dtype), bytes_moved=moved, device_only=True)
+    common = dict(dtype=dtype_name(dtype), bytes_moved=moved, device_only=True,
+                  same_bytes_copy=True)
     cases = [Case(f"{name} fwd {label}", ours=ours, peer=peer, peer_name=f"torch.{name}", **common)]
     if name == "cumsum":
         if _compiled_cumsum is None:
@@ -84,7 +86,7 @@ def _backward_case(name, shape, dim, dtype, device, label):
             o, leaf, dy, retain_graph=True))
     return Case(f"{name} bwd {label}", dtype=dtype_name(dtype), bytes_moved=moved,
                 ours=rotate(ours_fns), peer=rotate(peer_fns), peer_name=f"torch.{name} backward",
-                device_only=True)
+                device_only=True, same_bytes_copy=True)
 
 
 def cases(device, quick=False):

@@ -34,6 +34,10 @@ class Case:
     # Compute-bound ops: matmul FLOPs per call. When set, the throughput columns
     # read TFLOP/s (of ours and of the peer doing the same useful work).
     flops: float = 0.0
+    # Also time a device copy of bytes_moved (half read, half written), cold
+    # and on the same timer, and give ours as a percentage of its rate: a
+    # copy of a few tens of MB runs below the 1 GiB roofline's rate.
+    same_bytes_copy: bool = False
 
 
 def n_sets(touched_bytes: int, cap: int = 8) -> int:

@@ -27,9 +27,10 @@ from baracuda_torch._timing import graph_replay_us, median_us
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)  # the family modules import `common` from here
+from common import n_sets, rotate  # noqa: E402  (found through the path above)
 
 COLUMNS = ["family", "case", "dtype", "ours µs", "peer", "peer µs", "speedup (peer/ours)",
-           "ours GB/s", "peer GB/s", "% of copy roofline"]
+           "ours GB/s", "peer GB/s", "% of copy roofline", "% of same-bytes copy"]
 
 
 def copy_roofline_gbs(device, quick):
@@ -41,6 +42,19 @@ def copy_roofline_gbs(device, quick):
     us = median_us(lambda: dst.copy_(src), device, warmup=3, reps=20)
     del src, dst
     return 2 * n / us / 1e3
+
+
+def same_bytes_copy_us(bytes_moved, device, reps, cache):
+    """Median µs of a device ``copy_`` that reads bytes_moved / 2 and writes
+    as many, rotated over cold sets as the cases are; one timing per size."""
+    if bytes_moved not in cache:
+        half = max(bytes_moved // 2, 1)
+        pairs = [(torch.empty(half, dtype=torch.uint8, device=device),
+                  torch.empty(half, dtype=torch.uint8, device=device))
+                 for _ in range(n_sets(bytes_moved))]
+        copies = rotate([lambda s=s, d=d: d.copy_(s) for s, d in pairs])
+        cache[bytes_moved] = median_us(copies, device, reps=reps, device_only=True)
+    return cache[bytes_moved]
 
 
 def header(device, roofline, quick):
@@ -62,6 +76,8 @@ def header(device, roofline, quick):
         f"- torch {torch.__version__}, CUDA {torch.version.cuda}, commit {commit}",
         f"- copy roofline: {roofline:.1f} GB/s (bytes read + written per second by one "
         f"large `copy_`)",
+        "- % of same-bytes copy (where given): ours against a `copy_` of the case's own "
+        "minimal bytes, timed the same way",
     ]
 
 
@@ -94,7 +110,7 @@ def fmt(x, spec):
 
 def run_family(family, device, quick, roofline, notes, case_filter=None):
     mod = importlib.import_module(f"bench_{family}")
-    rows = []
+    rows, copies = [], {}
     for case in mod.cases(device, quick):
         if case_filter and case_filter not in case.name:
             continue
@@ -106,7 +122,7 @@ def run_family(family, device, quick, roofline, notes, case_filter=None):
             ours, peer = time_case(case, device)
         except Exception as e:  # one broken case must not hide the rest of the table
             notes.append(f"{case.name}: failed: {type(e).__name__}: {e}".splitlines()[0])
-            rows.append([family, f"{name} [{len(notes)}]", case.dtype] + [""] * 7)
+            rows.append([family, f"{name} [{len(notes)}]", case.dtype] + [""] * 8)
             continue
         speed = [fmt(peer / ours if peer else None, ".2f") + ("×" if peer else "")]
         if case.flops:
@@ -116,6 +132,9 @@ def run_family(family, device, quick, roofline, notes, case_filter=None):
             gbs = lambda us: case.bytes_moved / us / 1e3  # noqa: E731
             speed += [fmt(gbs(ours), ".1f"), fmt(gbs(peer) if peer else None, ".1f"),
                       fmt(100 * gbs(ours) / roofline, ".1f")]
+        copy_us = (same_bytes_copy_us(case.bytes_moved, device, case.reps, copies)
+                   if case.same_bytes_copy and not case.flops else None)
+        speed.append(fmt(100 * copy_us / ours if copy_us else None, ".1f"))
         rows.append([family, name, case.dtype, fmt(ours, ".2f"), case.peer_name, fmt(peer, ".2f")] + speed)
     return rows
 
