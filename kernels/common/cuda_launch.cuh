@@ -58,6 +58,34 @@ inline int64_t resident_capacity(Kernel kernel, int threads, size_t smem_bytes) 
   return resident;
 }
 
+// Whether `kernel`, as loaded for the current device, was compiled for
+// compute capability 9.0 or more (its PTX target, what __CUDA_ARCH__ read
+// while it compiled). Not the same as the device's own: a build for older
+// targets runs on a newer GPU from its PTX, with the parts of its kernels
+// that need 9.0 compiled out. Asked once per kernel and device.
+template <typename Kernel>
+inline bool kernel_compiled_for_sm90(Kernel kernel) {
+  int device = 0;
+  cudaGetDevice(&device);
+  using Key = std::tuple<const void*, int>;
+  static std::mutex mutex;
+  static std::map<Key, bool> answer_of;
+  const Key key{reinterpret_cast<const void*>(kernel), device};
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    const auto it = answer_of.find(key);
+    if (it != answer_of.end()) return it->second;
+  }
+  cudaFuncAttributes attributes;
+  // ptxVersion is major * 10 + minor of the PTX target (90 for compute_90).
+  const bool answer =
+      cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(kernel)) == cudaSuccess &&
+      attributes.ptxVersion >= 90;
+  std::lock_guard<std::mutex> lock(mutex);
+  answer_of[key] = answer;
+  return answer;
+}
+
 // Blocks for a kernel that walks `work` items with a block-stride loop: no
 // more than the device holds at once (so none waits for a free SM), and no
 // more than it takes to finish in the same number of rounds, so that every

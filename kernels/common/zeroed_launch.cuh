@@ -1,16 +1,15 @@
 // Launching a kernel behind the zeroing of its workspace (ticket counters,
 // ready flags), for kernels that need it zero at their start. A memset and
-// then the kernel cost two launch gaps ahead of the kernel's first load; on
-// compute capability 9.0 and up both launches here are programmatic
-// (hopper.cuh), so each kernel is resident and waiting by the time its
-// predecessor finishes (measured in benchmarks/RESULTS.md, scan section).
+// then the kernel cost two launch gaps ahead of the kernel's first load;
+// where the kernels are compiled for compute capability 9.0 and up, both
+// launches here are programmatic (hopper.cuh), so each kernel is resident
+// and waiting by the time its predecessor finishes (measured in benchmarks/RESULTS.md, scan section).
 // No torch headers.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <utility>
 
@@ -18,23 +17,6 @@
 #include "common/hopper.cuh"
 
 namespace baracuda {
-
-// Whether the current device has compute capability 9.0 or more (the bulk
-// copy engine, programmatic dependent launch), asked once per device.
-inline bool device_is_sm90_or_newer() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> known[kMaxDevices] = {};  // 0 unknown, 1 no, 2 yes
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return false;
-  int answer = known[device].load(std::memory_order_relaxed);
-  if (answer == 0) {
-    int major = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    answer = major >= 9 ? 2 : 1;
-    known[device].store(answer, std::memory_order_relaxed);
-  }
-  return answer == 2;
-}
 
 namespace {
 
@@ -73,15 +55,17 @@ KernelStatus launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, siz
 
 // Zeroes `bytes` (a multiple of 16) at `workspace` (16-byte aligned), then
 // launches `kernel`, which must call grid_dependency_wait before it touches
-// the workspace or anything the stream wrote before (on older GPUs the call
-// is empty and the launches are plain).
+// the workspace or anything the stream wrote before. Programmatic only
+// where both kernels were compiled for compute capability 9.0 or more:
+// compiled for less, their waits are empty, and the launches are plain.
 template <typename... Params, typename... Args>
 KernelStatus launch_behind_zeroing(void* workspace, int64_t bytes, void (*kernel)(Params...),
                                    dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream,
                                    Args&&... args) {
   constexpr int kZeroThreads = 256;
   constexpr int64_t kZeroBlocks = 64;  // a few KiB to a few MiB of words
-  const bool programmatic = device_is_sm90_or_newer();
+  const bool programmatic =
+      kernel_compiled_for_sm90(zero_words_kernel) && kernel_compiled_for_sm90(kernel);
   const int64_t words = bytes / 16;
   const int64_t zero_grid = std::min(std::max<int64_t>(ceil_div(words, kZeroThreads), 1), kZeroBlocks);
   const KernelStatus st =

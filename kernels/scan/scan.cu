@@ -263,7 +263,8 @@ KernelStatus launch_long_rows(const Op& op, const ScanShape& s, bool reverse, vo
 
 // Launches the staged long rows (scan_staged_rows.cuh) where they apply: the
 // op (kStagedRowsApply), both arrays and every row starting 16 bytes
-// aligned, a device with the bulk copy engine. Their tiles are longer than
+// aligned, the kernel compiled for compute capability 9.0 or more (the bulk
+// copy engine), and so running on such a device. Their tiles are longer than
 // long_rows' shortest, so the long_rows workspace holds their slots. Returns
 // false, launching nothing, where they do not apply.
 template <typename Op>
@@ -272,8 +273,12 @@ bool launch_staged_rows(const Op& op, const ScanShape& s, bool reverse, void* wo
   if constexpr (kStagedRowsApply<Op>) {
     using T = typename Op::Storage;
     const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    const auto kernel = reverse ? staged_rows_kernel<Op, true> : staged_rows_kernel<Op, false>;
+    // Compiled for an older target (and run from its PTX), the kernel's
+    // body is compiled out.
     if (!aligned(op.src) || !aligned(op.dst) ||
-        (s.outer > 1 && s.len * int64_t{sizeof(T)} % 16 != 0) || !device_is_sm90_or_newer()) {
+        (s.outer > 1 && s.len * int64_t{sizeof(T)} % 16 != 0) ||
+        !kernel_compiled_for_sm90(kernel)) {
       return false;
     }
     int64_t rows = s.outer, len = s.len;
@@ -281,7 +286,6 @@ bool launch_staged_rows(const Op& op, const ScanShape& s, bool reverse, void* wo
     int64_t groups = ceil_div(tiles, kGroupTiles);
     LongRowsSlots<StateOf<Op>> slots =
         long_rows_slots<StateOf<Op>>(workspace, s.outer, tiles, groups);
-    const auto kernel = reverse ? staged_rows_kernel<Op, true> : staged_rows_kernel<Op, false>;
     // Three 16 KiB stages and the block's own shared memory pass the 48 KiB
     // a block gets unasked; four such blocks need most of an SM's.
     st = to_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
