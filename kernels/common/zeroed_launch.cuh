@@ -3,7 +3,8 @@
 // then the kernel cost two launch gaps ahead of the kernel's first load;
 // where the kernels are compiled for compute capability 9.0 and up, both
 // launches here are programmatic (hopper.cuh), so each kernel is resident
-// and waiting by the time its predecessor finishes (measured in benchmarks/RESULTS.md, scan section).
+// and waiting by the time its predecessor finishes (measured in
+// benchmarks/RESULTS.md, scan section).
 // No torch headers.
 #pragma once
 
