@@ -34,28 +34,42 @@ inline int64_t multiprocessors() {
   return std::max(sms, 1);
 }
 
-// How many blocks of `kernel` the device holds at once.
-template <typename Kernel>
-inline int64_t resident_capacity(Kernel kernel, int threads, size_t smem_bytes) {
-  int device = 0;
-  cudaGetDevice(&device);
-  // The occupancy query costs ~8 µs of host time (measured on an H100 host),
-  // more than many of these kernels run, so each answer is kept.
-  using Key = std::tuple<const void*, int, int, size_t>;
+// The answer of `compute()` for `key`, computed once and kept (one table
+// per call site: each passes its own lambda). For host queries about a
+// kernel on a device that cost more than the kernels they launch.
+template <typename Key, typename Compute>
+inline auto remembered(const Key& key, Compute compute) -> decltype(compute()) {
   static std::mutex mutex;
-  static std::map<Key, int64_t> resident_of;
-  const Key key{reinterpret_cast<const void*>(kernel), device, threads, smem_bytes};
+  static std::map<Key, decltype(compute())> answer_of;
   {
     std::lock_guard<std::mutex> lock(mutex);
-    const auto it = resident_of.find(key);
-    if (it != resident_of.end()) return it->second;
+    const auto it = answer_of.find(key);
+    if (it != answer_of.end()) return it->second;
   }
-  int per_sm = 1;
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem_bytes);
-  const int64_t resident = multiprocessors() * std::max(per_sm, 1);
+  const auto answer = compute();
   std::lock_guard<std::mutex> lock(mutex);
-  resident_of[key] = resident;
-  return resident;
+  answer_of[key] = answer;
+  return answer;
+}
+
+inline int current_device() {
+  int device = 0;
+  cudaGetDevice(&device);
+  return device;
+}
+
+// How many blocks of `kernel` the device holds at once. The occupancy query
+// costs ~8 µs of host time (measured on an H100 host), more than many of
+// these kernels run, so each answer is kept.
+template <typename Kernel>
+inline int64_t resident_capacity(Kernel kernel, int threads, size_t smem_bytes) {
+  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), current_device(),
+                                   threads, smem_bytes);
+  return remembered(key, [&] {
+    int per_sm = 1;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem_bytes);
+    return multiprocessors() * int64_t{std::max(per_sm, 1)};
+  });
 }
 
 // Whether `kernel`, as loaded for the current device, was compiled for
@@ -65,25 +79,14 @@ inline int64_t resident_capacity(Kernel kernel, int threads, size_t smem_bytes) 
 // that need 9.0 compiled out. Asked once per kernel and device.
 template <typename Kernel>
 inline bool kernel_compiled_for_sm90(Kernel kernel) {
-  int device = 0;
-  cudaGetDevice(&device);
-  using Key = std::tuple<const void*, int>;
-  static std::mutex mutex;
-  static std::map<Key, bool> answer_of;
-  const Key key{reinterpret_cast<const void*>(kernel), device};
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    const auto it = answer_of.find(key);
-    if (it != answer_of.end()) return it->second;
-  }
-  cudaFuncAttributes attributes;
-  // ptxVersion is major * 10 + minor of the PTX target (90 for compute_90).
-  const bool answer =
-      cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(kernel)) == cudaSuccess &&
-      attributes.ptxVersion >= 90;
-  std::lock_guard<std::mutex> lock(mutex);
-  answer_of[key] = answer;
-  return answer;
+  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), current_device());
+  return remembered(key, [&] {
+    cudaFuncAttributes attributes;
+    // ptxVersion is major * 10 + minor of the PTX target (90 for compute_90).
+    return cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(kernel)) ==
+               cudaSuccess &&
+           attributes.ptxVersion >= 90;
+  });
 }
 
 // Blocks for a kernel that walks `work` items with a block-stride loop: no
