@@ -7,8 +7,9 @@ Timed on the device alone (``Case.device_only``): the target is a fraction
 of copy bandwidth, which host launch gaps must not blur. Bytes moved are the
 minimum: forward reads x and writes y (+ int64 indices for cummax / cummin);
 backward reads dy and the saved tensors it needs (cumprod, logcumsumexp: x
-and y; cummax / cummin: the indices) and writes dx. Each row also gives ours against a copy of those same bytes
-(the runner's last column), beside the 1 GiB copy roofline.
+and y; cummax / cummin: the indices) and writes dx. Each row also gives
+ours against a copy of those same bytes (the runner's last column), beside
+the 1 GiB copy roofline.
 """
 
 import torch

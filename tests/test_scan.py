@@ -1032,9 +1032,9 @@ WORKSPACE_CASES = [("logcumsumexp", (2, 1 << 20), 1), ("cummax", (2, 1 << 20), 1
 @pytest.mark.parametrize("name,shape,dim", WORKSPACE_CASES, ids=str)
 def test_zeroed_workspace_paths_back_to_back_on_cuda(name, shape, dim):
     """Calls queued back to back on one stream, with no sync between them:
-    each call's workspace is the memory the call before it just freed, so a
-    zeroing that ran before the previous kernel finished would corrupt that
-    one's tickets and flags (a wrong result or a hang)."""
+    the caching allocator hands each call's workspace out again to the next,
+    so a zeroing that ran before the previous kernel finished would corrupt
+    that one's tickets and flags (a wrong result or a hang)."""
     assert bt.scan_path(torch.empty(shape, device="meta"), dim) == (
         "column_tiles" if dim == 0 else "long_rows")
     g = torch.Generator(device="cuda").manual_seed(13)

@@ -1,7 +1,8 @@
 // Hopper (sm_90) building blocks: transaction barriers in shared memory, the
 // bulk tensor copy engine (TMA), programmatic dependent launch and the
-// warpgroup matrix-multiply fences and shared-memory descriptors. Everything here needs compute capability 9.0;
-// the wgmma parts need the sm_90a target. No torch headers.
+// warpgroup matrix-multiply fences and shared-memory descriptors. Everything
+// here needs compute capability 9.0 (the PDL calls compile to nothing below
+// it); the wgmma parts need the sm_90a target. No torch headers.
 #pragma once
 
 #include <cuda.h>
