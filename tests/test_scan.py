@@ -964,6 +964,36 @@ def test_staged_long_rows_on_cuda(dtype, name):
                 assert torch.equal(our_grad(name, x, -1, reverse, dy).double().cpu(), got)
 
 
+# logcumsumexp forward on the same long rows: staged, a thread scanning 16
+# (float32) or 32 (two-byte) consecutive positions of a tile as one run, on
+# compute capability 9.0 and up; float64 takes the long_rows kernel. In the
+# first row an all -inf prefix spans a tile and a bit, a steep stretch makes
+# later tiles outgrow the carry, and one large element makes the run that
+# holds it too wide for its weights (a run scanned join by join). A +inf
+# in the second row absorbs what follows it (precedes, reversed), and a NaN
+# in the last turns it NaN. Results must be bit-identical run to run.
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64],
+                         ids=str)
+def test_staged_logcumsumexp_long_rows_on_cuda(dtype):
+    g = torch.Generator().manual_seed(19)
+    for shape in STAGED_ROWS:
+        assert bt.scan_path(torch.empty(shape, device="meta"), -1) == "long_rows"
+        x = torch.randn(shape, generator=g, dtype=torch.float64)
+        x[0, : 8192 + 5] = -INF
+        x[0, 20000:30000] += torch.arange(10000, dtype=torch.float64) / 128
+        x[0, 40007] = 80
+        if shape[0] > 1:
+            x[1, shape[1] // 3 + 5] = INF
+            x[-1, shape[1] // 2 + 77] = NAN
+        x = x.to(dtype).cuda()
+        for reverse in (False, True):
+            check("logcumsumexp", x, -1, reverse)
+            torch.testing.assert_close(bt.logcumsumexp(x, -1, reverse=reverse),
+                                       bt.logcumsumexp(x, -1, reverse=reverse), atol=0, rtol=0,
+                                       equal_nan=True)
+
+
 # cummax / cummin on the same long rows (the long_rows kernel: their
 # value-position states are not staged). Values on a coarse grid, so that
 # ties abound (a later tie wins, as in torch), infinities in the first row,
@@ -1022,9 +1052,11 @@ def test_staged_long_rows_in_cuda_graph(reverse):
 # The paths whose workspace is zeroed by a kernel launched ahead of theirs
 # (long_rows, column_tiles): on compute capability 9.0 and up both kernels
 # launch programmatically, each allowed to start before the one ahead ends.
-# long_rows here for logcumsumexp and cummax (cumsum's aligned rows take the
-# staged kernel, with a memset), column_tiles for cumsum along dim 0.
-WORKSPACE_CASES = [("logcumsumexp", (2, 1 << 20), 1), ("cummax", (2, 1 << 20), 1),
+# long_rows here for logcumsumexp and cummax (rows of aligned starts take the
+# staged kernel, with a memset, for cumsum and logcumsumexp: these
+# logcumsumexp rows are an odd number of elements long), column_tiles for
+# cumsum along dim 0.
+WORKSPACE_CASES = [("logcumsumexp", (2, (1 << 20) + 1), 1), ("cummax", (2, 1 << 20), 1),
                    ("cumsum", (1100, 1024), 0)]
 
 
@@ -1082,8 +1114,20 @@ def test_zeroed_workspace_paths_in_cuda_graph(name, shape, dim):
 # into the next). In the first row an all -inf prefix spans two segments
 # and a bit, and a steep stretch makes later segments outgrow the carry;
 # with three rows, a NaN in the last one turns everything after it NaN
-# (before it, reversed). The gradients take long_rows.
+# (before it, reversed). The rows start 2 bytes past a 16-byte boundary:
+# aligned ones take the staged kernel on compute capability 9.0 and up
+# (test_staged_logcumsumexp_long_rows_on_cuda). The gradients take
+# long_rows.
 SEGMENT = 4096
+
+
+def misaligned(x):
+    """x's values in a contiguous tensor whose data starts one element past
+    where an allocation does (16-byte aligned or more)."""
+    buf = torch.empty(x.numel() + 1, dtype=x.dtype, device=x.device)
+    out = buf[1:].view(x.shape)
+    out.copy_(x)
+    return out
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -1099,7 +1143,8 @@ def test_logcumsumexp_segmented_long_rows_on_cuda(dtype, shape):
     x[0, : 2 * SEGMENT + 5] = -INF
     if shape[0] > 1:
         x[-1, n // 2 + 77] = NAN
-    x = x.to(dtype)
+    x = misaligned(x.to(dtype))
+    assert x.data_ptr() % 16 != 0 and x.is_contiguous()
     dy = torch.randn(shape, generator=g, device="cuda").to(dtype)
     for reverse in (False, True):
         check("logcumsumexp", x, 1, reverse)

@@ -284,8 +284,8 @@ bool launch_staged_rows(const Op& op, const ScanShape& s, bool reverse, void* wo
     int64_t rows = s.outer, len = s.len;
     int64_t tiles = ceil_div(s.len, kStagedTileLen<T>);
     int64_t groups = ceil_div(tiles, kGroupTiles);
-    LongRowsSlots<StateOf<Op>> slots =
-        long_rows_slots<StateOf<Op>>(workspace, s.outer, tiles, groups);
+    LongRowsSlots<TotalOf<Op>> slots =
+        long_rows_slots<TotalOf<Op>>(workspace, s.outer, tiles, groups);
     // Three 16 KiB stages and the block's own shared memory pass the 48 KiB
     // a block gets unasked; four such blocks need most of an SM's.
     st = to_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,

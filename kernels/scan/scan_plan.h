@@ -21,13 +21,14 @@
 //              totals and of the earlier tiles of its own group -- the same
 //              association whatever the timing, so bit-identical run to run,
 //              and a tile only ever waits for tiles with smaller tickets (no
-//              deadlock). Or, for cumsum, cumprod and cumsum's backward
-//              on 16-byte aligned rows, on GPUs with the bulk copy engine
+//              deadlock). Or, for cumsum, cumprod, cumsum's backward and
+//              float32 / two-byte logcumsumexp forward on 16-byte aligned
+//              rows, on GPUs with the bulk copy engine
 //              (scan_staged_rows.cuh: the launcher's choice, same path
 //              name): persistent blocks stage 16 KiB tiles in shared memory
 //              and publish each tile's total a tile ahead of its scan. Or,
-//              for two-byte logcumsumexp forward rows of whole segments,
-//              segments enough (scan_segments.cuh: likewise): segment
+//              for other two-byte logcumsumexp forward rows of whole
+//              segments, segments enough (scan_segments.cuh: likewise): segment
 //              totals, their scan, then the segments as rows from those
 //              carries.
 //   column_strips  inner > 1 with enough columns for kMinStrips strips, and

@@ -1,8 +1,9 @@
-// Staged long rows: the long_rows path (scan_plan.h) for the plain scalar
-// scans -- cumsum, cumprod and cumsum's backward, one array in and one out,
-// the state the accumulated value itself -- on rows that start 16 bytes
-// aligned, on GPUs with the bulk copy engine (compute capability 9.0 and
-// up). Included by scan.cu. No torch headers.
+// Staged long rows: the long_rows path (scan_plan.h) for the scans with
+// one array in and one out and a floating-point state -- cumsum, cumprod,
+// cumsum's backward, and logcumsumexp forward on float32 and two-byte
+// elements -- on rows that start 16 bytes aligned, on GPUs with the bulk
+// copy engine (compute capability 9.0 and up). Included by scan.cu. No
+// torch headers.
 //
 // A long_rows block issues its loads at its start and none after, so memory
 // idles while it waits for its prefix, scans and stores. Here persistent
@@ -31,8 +32,20 @@ namespace baracuda {
 namespace scan {
 
 template <typename Op>
-constexpr bool kStagedRowsApply = HasPlainIo<Op>::value && !HasRunScan<Op>::value &&
-                                  std::is_floating_point<StateOf<Op>>::value;
+constexpr bool kStagedRowsApply =
+    HasPlainIo<Op>::value && std::is_floating_point<StateOf<Op>>::value &&
+    (!HasRunScan<Op>::value || sizeof(StateOf<Op>) == 4);
+
+// How a block holds a tile. Ops whose joins are cheap (cumsum, cumprod,
+// cumsum's backward) take the vector layout: thread t's chunks are the
+// block's vectors c * kScanBlock + t, each scanned across the warp. Ops with
+// a run scan (logcumsumexp forward), whose joins cost an exp or more, take
+// the run layout: thread t holds the tile's vectors t * kStagedVectors ...
+// side by side, one run in scan order, folded and scanned as one
+// (fold_run, scan_thread_run), so that the block joins only the threads'
+// totals.
+template <typename Op>
+constexpr bool kStagedRuns = HasRunScan<Op>::value;
 
 // A thread holds kStagedVectors 16-byte vectors of a tile: a tile is 16 KiB,
 // whatever the element (4096 float32, 8192 bfloat16), at least the kTileLen
@@ -52,7 +65,7 @@ constexpr int64_t kStagedTileLen = kStagedTileBytes / int64_t{sizeof(T)};
 // One tile of one row, in memory order.
 template <typename T>
 struct StagedTile {
-  const uint4* stage;  // its staged vectors
+  uint4* stage;        // its staged vectors
   const T* src;        // its first element in memory
   T* dst;
   int64_t valid;   // its elements inside the row (kStagedTileLen<T> but for a row's last)
@@ -89,9 +102,9 @@ struct StagedTiling {
     mbarrier_arrive_expect_tx(full, bytes);
     if (bytes > 0) bulk_copy_to_shared(stage, src + p.first, bytes, full);
   }
-  __device__ StagedTile<T> view(const StagedPlace& p, const unsigned char* stage) const {
+  __device__ StagedTile<T> view(const StagedPlace& p, unsigned char* stage) const {
     constexpr int64_t kPerVector = 16 / int64_t{sizeof(T)};
-    return {reinterpret_cast<const uint4*>(stage), src + p.first, dst + p.first, p.valid,
+    return {reinterpret_cast<uint4*>(stage), src + p.first, dst + p.first, p.valid,
             p.valid / kPerVector * kPerVector};
   }
 };
@@ -110,11 +123,7 @@ struct StagedVector {
   static __device__ void load(const Op& op, const StagedTile<T>& t, int q, Acc (&v)[kElems]) {
     const int m = memory_vector(q);
     if constexpr (kWhole) {
-      const uint4 u = t.stage[m];
-      T raw[kElems];
-      memcpy(raw, &u, 16);
-#pragma unroll
-      for (int e = 0; e < kElems; ++e) v[e] = to_acc<Acc>(raw[memory_element(e)]);
+      unpack(t.stage[m], v);
     } else {
       const T* staged = reinterpret_cast<const T*>(t.stage);
 #pragma unroll
@@ -144,23 +153,150 @@ struct StagedVector {
       }
     }
   }
+
+  // A staged vector's elements in scan order, and back.
+  static __device__ void unpack(const uint4& u, Acc (&v)[kElems]) {
+    T raw[kElems];
+    memcpy(raw, &u, 16);
+#pragma unroll
+    for (int e = 0; e < kElems; ++e) v[e] = to_acc<Acc>(raw[memory_element(e)]);
+  }
+  static __device__ uint4 pack(const Acc (&v)[kElems]) {
+    T raw[kElems];
+#pragma unroll
+    for (int e = 0; e < kElems; ++e) raw[memory_element(e)] = from_acc<T>(v[e]);
+    uint4 u;
+    memcpy(&u, raw, 16);
+    return u;
+  }
 };
 
-// What a thread keeps of a folded tile: for each of its vectors, everything
-// in the tile before it, and each chunk's total (a chunk being the block's
-// q-th vectors, q = c * kScanBlock + thread).
+// The run layout's run: kStagedVectors vectors, thread t's in scan order.
+//
+// Runs start 64 bytes apart, so the eight threads of a quarter warp, each
+// reading its j-th vector, meet in two of the eight 16-byte bank groups,
+// four to a group (four times the shared memory wavefronts). For
+// four-byte elements each thread instead walks its vectors from a
+// different one -- step q takes vector (q + rotation) % 4, rotation =
+// thread / 2 % 4 -- which puts those eight threads in eight groups at every
+// step, and then rotates the vectors into place in registers. Two-byte
+// runs, twice as long, spend more per byte on their exps and logs, and the
+// rotation's selects cost them more than the conflicts (H100,
+// logcumsumexp [1, 16M]: float32 84.6 -> 81.5 us with it, bfloat16 55.8
+// -> 58.3 to 59.3).
+template <typename Op, bool kReverse, bool kWhole>
+struct StagedRun {
+  using Vector = StagedVector<Op, kReverse, kWhole>;
+  using Acc = StateOf<Op>;
+  using Part = Acc[Vector::kElems];
+  static constexpr int kLen = kStagedVectors * Vector::kElems;
+  static constexpr bool kRotate = sizeof(typename Op::Storage) == 4;
+  static_assert(kStagedVectors == 4, "a thread's run is four vectors");
+
+  static __device__ int vector(int j) { return threadIdx.x * kStagedVectors + j; }
+  static __device__ int rotation() { return kRotate ? (threadIdx.x >> 1) & 3 : 0; }
+  static __device__ Part& part(Acc (&v)[kLen], int j) {
+    return *reinterpret_cast<Part*>(v + j * Vector::kElems);
+  }
+  // r[j] becomes r[(j + by) % 4], by selects (`by` differs across a warp).
+  static __device__ void rotate(uint4 (&r)[4], int by) {
+    if constexpr (kRotate) {
+      const auto pick = [](bool take_b, const uint4& a, const uint4& b) {
+        return make_uint4(take_b ? b.x : a.x, take_b ? b.y : a.y, take_b ? b.z : a.z,
+                          take_b ? b.w : a.w);
+      };
+      const bool one = by & 1, two = by & 2;
+      const uint4 b0 = pick(one, r[0], r[1]), b1 = pick(one, r[1], r[2]),
+                  b2 = pick(one, r[2], r[3]), b3 = pick(one, r[3], r[0]);
+      r[0] = pick(two, b0, b2);
+      r[1] = pick(two, b1, b3);
+      r[2] = pick(two, b2, b0);
+      r[3] = pick(two, b3, b1);
+    }
+  }
+
+  static __device__ void load(const Op& op, const StagedTile<typename Op::Storage>& t,
+                              Acc (&v)[kLen]) {
+    if constexpr (kWhole) {
+      const int rot = rotation();
+      uint4 r[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) r[q] = t.stage[Vector::memory_vector(vector((q + rot) & 3))];
+      rotate(r, (4 - rot) & 3);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) Vector::unpack(r[j], part(v, j));
+    } else {
+#pragma unroll
+      for (int j = 0; j < kStagedVectors; ++j) Vector::load(op, t, vector(j), part(v, j));
+    }
+  }
+
+  // A whole tile goes back through its stage, then out in the vector
+  // layout's order, each warp's stores 512 contiguous bytes: a thread's own
+  // run stored directly would leave every 16-byte store a quarter of the
+  // 64 bytes the thread writes, and half of each sector it touches. The
+  // stage is read until the caller's next barrier.
+  static __device__ void store(const StagedTile<typename Op::Storage>& t, Acc (&v)[kLen]) {
+    if constexpr (kWhole) {
+      const int rot = rotation();
+      uint4 r[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) r[j] = Vector::pack(part(v, j));
+      rotate(r, rot);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) t.stage[Vector::memory_vector(vector((q + rot) & 3))] = r[q];
+      __syncthreads();
+      uint4* dst = reinterpret_cast<uint4*>(t.dst);
+#pragma unroll
+      for (int c = 0; c < kStagedVectors; ++c) {
+        const int m = c * kScanBlock + threadIdx.x;
+        dst[m] = t.stage[m];
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kStagedVectors; ++j) Vector::store(t, vector(j), part(v, j));
+    }
+  }
+};
+
+// What a thread keeps of a folded tile in the vector layout: for each of
+// its vectors, everything in the tile before it, and each chunk's total (a
+// chunk being the block's q-th vectors, q = c * kScanBlock + thread).
 template <typename Acc>
-struct StagedFold {
+struct StagedVectorFold {
   Acc before[kStagedVectors];
   Acc chunk_total[kStagedVectors];
 };
 
-// Folds a staged tile; returns its total (in every thread). The block's
-// warps meet in `warp_totals` between two barriers.
+// In the run layout: everything in the tile before the thread's run. (The
+// run itself is loaded and folded again for the scan: kept in registers
+// across the next tile's fold, float32 runs spilled and took 92.8 us
+// rather than 81.4 on [1, 16M], H100.)
+template <typename Op>
+struct StagedRunFold {
+  TotalOf<Op> before;
+};
+
+template <typename Op>
+using StagedFold =
+    std::conditional_t<kStagedRuns<Op>, StagedRunFold<Op>, StagedVectorFold<StateOf<Op>>>;
+
+// Where a block's warps meet while it folds a tile.
+template <typename Op>
+struct StagedWarpTotals {
+  StateOf<Op> of[kScanBlock / 32][kStagedVectors];
+};
+template <typename Op>
+using StagedScratch = std::conditional_t<kStagedRuns<Op>,
+                                         typename BlockTotalsScan<TotalsOf<Op>>::TempStorage,
+                                         StagedWarpTotals<Op>>;
+
+// Folds a staged tile in the vector layout; returns its total (in every
+// thread). The block's warps meet in `warp_totals` between two barriers.
 template <typename Op, bool kReverse, bool kWhole>
 __device__ StateOf<Op> fold_staged_tile(const Op& op, const StagedTile<typename Op::Storage>& t,
-                                        StagedFold<StateOf<Op>>& f,
-                                        StateOf<Op> (*warp_totals)[kStagedVectors]) {
+                                        StagedVectorFold<StateOf<Op>>& f,
+                                        StagedWarpTotals<Op>& warp_totals) {
   using Acc = StateOf<Op>;
   using Vector = StagedVector<Op, kReverse, kWhole>;
   constexpr int kWarps = kScanBlock / 32;
@@ -181,7 +317,7 @@ __device__ StateOf<Op> fold_staged_tile(const Op& op, const StagedTile<typename 
     }
     excl[c] = __shfl_up_sync(0xffffffffu, incl, 1);
     if (lane == 0) excl[c] = op.identity();
-    if (lane == 31) warp_totals[warp][c] = incl;
+    if (lane == 31) warp_totals.of[warp][c] = incl;
   }
   __syncthreads();
   Acc tile_total = op.identity();
@@ -190,7 +326,7 @@ __device__ StateOf<Op> fold_staged_tile(const Op& op, const StagedTile<typename 
     Acc before = op.identity(), total = op.identity();
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
-      const Acc wt = warp_totals[w][c];
+      const Acc wt = warp_totals.of[w][c];
       if (w < warp) before = op.combine(before, wt);
       total = op.combine(total, wt);
     }
@@ -202,10 +338,11 @@ __device__ StateOf<Op> fold_staged_tile(const Op& op, const StagedTile<typename 
   return tile_total;
 }
 
-// Scans a folded tile from everything before it and stores it.
+// Scans a tile folded in the vector layout from everything before it and
+// stores it.
 template <typename Op, bool kReverse, bool kWhole>
 __device__ void scan_staged_tile(const Op& op, const StagedTile<typename Op::Storage>& t,
-                                 const StagedFold<StateOf<Op>>& f, StateOf<Op> carry) {
+                                 const StagedVectorFold<StateOf<Op>>& f, StateOf<Op> carry) {
   using Acc = StateOf<Op>;
   using Vector = StagedVector<Op, kReverse, kWhole>;
 #pragma unroll
@@ -221,23 +358,66 @@ __device__ void scan_staged_tile(const Op& op, const StagedTile<typename Op::Sto
   }
 }
 
-template <typename Op, bool kReverse>
-__device__ StateOf<Op> fold_staged(const Op& op, const StagedTile<typename Op::Storage>& t,
-                                   StagedFold<StateOf<Op>>& f,
-                                   StateOf<Op> (*warp_totals)[kStagedVectors]) {
-  if (t.valid == kStagedTileLen<typename Op::Storage>) {
-    return fold_staged_tile<Op, kReverse, true>(op, t, f, warp_totals);
-  }
-  return fold_staged_tile<Op, kReverse, false>(op, t, f, warp_totals);
+// The run layout's fold: the thread's run folded, the block's runs joined.
+template <typename Op, bool kReverse, bool kWhole>
+__device__ TotalOf<Op> fold_staged_runs(const Op& op, const StagedTile<typename Op::Storage>& t,
+                                        StagedRunFold<Op>& f, StagedScratch<Op>& scratch) {
+  using Run = StagedRun<Op, kReverse, kWhole>;
+  StateOf<Op> v[Run::kLen];
+  Run::load(op, t, v);
+  RunMemoOf<Op> memo;
+  const TotalOf<Op> mine = fold_run(op, v, memo);
+  TotalOf<Op> tile_total;
+  BlockTotalsScan<TotalsOf<Op>>::exclusive(scratch, totals_of(op), mine, f.before, tile_total);
+  __syncthreads();  // scratch free for the next fold
+  return tile_total;
 }
 
+// The run layout's scan: the run loaded and folded again (fold_run leaves
+// in it what scan_thread_run reads), scanned from `carry` and stored.
+template <typename Op, bool kReverse, bool kWhole>
+__device__ void scan_staged_runs(const Op& op, const StagedTile<typename Op::Storage>& t,
+                                 const StagedRunFold<Op>& f, TotalOf<Op> carry) {
+  using Run = StagedRun<Op, kReverse, kWhole>;
+  StateOf<Op> v[Run::kLen];
+  Run::load(op, t, v);
+  RunMemoOf<Op> memo;
+  fold_run(op, v, memo);
+  scan_thread_run(op, totals_of(op).combine(carry, f.before), v, memo);
+  Run::store(t, v);
+}
+
+// Folds a staged tile (into `f`, what its scan needs); returns its total.
+template <typename Op, bool kReverse>
+__device__ TotalOf<Op> fold_staged(const Op& op, const StagedTile<typename Op::Storage>& t,
+                                   StagedFold<Op>& f, StagedScratch<Op>& scratch) {
+  const bool whole = t.valid == kStagedTileLen<typename Op::Storage>;
+  if constexpr (kStagedRuns<Op>) {
+    return whole ? fold_staged_runs<Op, kReverse, true>(op, t, f, scratch)
+                 : fold_staged_runs<Op, kReverse, false>(op, t, f, scratch);
+  } else {
+    return whole ? fold_staged_tile<Op, kReverse, true>(op, t, f, scratch)
+                 : fold_staged_tile<Op, kReverse, false>(op, t, f, scratch);
+  }
+}
+
+// Scans a folded tile from `carry`, everything before it, and stores it.
 template <typename Op, bool kReverse>
 __device__ void scan_staged(const Op& op, const StagedTile<typename Op::Storage>& t,
-                            const StagedFold<StateOf<Op>>& f, StateOf<Op> carry) {
-  if (t.valid == kStagedTileLen<typename Op::Storage>) {
-    scan_staged_tile<Op, kReverse, true>(op, t, f, carry);
+                            const StagedFold<Op>& f, TotalOf<Op> carry) {
+  const bool whole = t.valid == kStagedTileLen<typename Op::Storage>;
+  if constexpr (kStagedRuns<Op>) {
+    if (whole) {
+      scan_staged_runs<Op, kReverse, true>(op, t, f, carry);
+    } else {
+      scan_staged_runs<Op, kReverse, false>(op, t, f, carry);
+    }
   } else {
-    scan_staged_tile<Op, kReverse, false>(op, t, f, carry);
+    if (whole) {
+      scan_staged_tile<Op, kReverse, true>(op, t, f, carry);
+    } else {
+      scan_staged_tile<Op, kReverse, false>(op, t, f, carry);
+    }
   }
 }
 
@@ -271,22 +451,27 @@ __device__ StateOf<Op> staged_prefix(const Op& op, const FlaggedState<StateOf<Op
 }
 
 // Blocks per SM: four, as many as the stages' shared memory allows, where
-// the registers of float states fit; float64 states take three.
+// the registers of float states fit; float64 states take three, and so do
+// runs (80 registers). H100, logcumsumexp [1, 16M] before the rotation
+// above: float32 99.2 / 84.6 / 82.0 us at two / three / four blocks (at
+// four with 16 bytes of spill), bfloat16 60.2 / 55.8 / 59.4 (its 32-element
+// runs spill about 100 bytes at three, 250 at four, none at two).
 template <typename Op>
-constexpr int kStagedBlocksPerSm = sizeof(StateOf<Op>) <= 4 ? 4 : 3;
+constexpr int kStagedBlocksPerSm = kStagedRuns<Op> || sizeof(StateOf<Op>) > 4 ? 3 : 4;
 
 // Grid: at most one block per tile, every block resident (launched
 // cooperatively); dynamic shared memory kStagedSharedBytes.
 template <typename Op, bool kReverse>
 __global__ void __launch_bounds__(kScanBlock, kStagedBlocksPerSm<Op>)
     staged_rows_kernel(Op op, int64_t rows, int64_t len, int64_t tiles, int64_t groups,
-                       LongRowsSlots<StateOf<Op>> ws) {
+                       LongRowsSlots<TotalOf<Op>> ws) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using T = typename Op::Storage;
-  using Acc = StateOf<Op>;
+  using Total = TotalOf<Op>;
+  const TotalsOf<Op> totals = totals_of(op);
   extern __shared__ __align__(128) unsigned char stages[];
   __shared__ __align__(8) uint64_t full[kStagedStages];
-  __shared__ Acc warp_totals[kScanBlock / 32][kStagedVectors];
+  __shared__ StagedScratch<Op> scratch;
   const StagedTiling<T, kReverse> tiling{op.src, op.dst, len, tiles};
   const int64_t all = rows * tiles;
   const int64_t step = gridDim.x;
@@ -300,14 +485,14 @@ __global__ void __launch_bounds__(kScanBlock, kStagedBlocksPerSm<Op>)
     }
   }
   __syncthreads();
-  auto publish = [&](const StagedPlace& p, const Acc& total) {
-    publish_staged_total(op, total, ws.tile_totals + p.row * tiles,
+  auto publish = [&](const StagedPlace& p, const Total& total) {
+    publish_staged_total(totals, total, ws.tile_totals + p.row * tiles,
                          ws.group_totals + p.row * groups, p.tile, groups);
   };
-  StagedFold<Acc> cur, next;
+  StagedFold<Op> cur, next;
   StagedPlace here = tiling.place(blockIdx.x);
   mbarrier_wait(&full[0], 0);
-  publish(here, fold_staged<Op, kReverse>(op, tiling.view(here, stage_of(0)), cur, warp_totals));
+  publish(here, fold_staged<Op, kReverse>(op, tiling.view(here, stage_of(0)), cur, scratch));
   // Round i scans tile blockIdx.x + i * step from stage i % kStagedStages,
   // whose barrier is then in its (i / kStagedStages)-th phase.
   int slot = 0, phase = 0;
@@ -318,11 +503,11 @@ __global__ void __launch_bounds__(kScanBlock, kStagedBlocksPerSm<Op>)
     if (g + step < all) {
       there = tiling.place(g + step);
       mbarrier_wait(&full[next_slot], next_phase);
-      publish(there, fold_staged<Op, kReverse>(op, tiling.view(there, stage_of(next_slot)), next,
-                                               warp_totals));
+      publish(there,
+              fold_staged<Op, kReverse>(op, tiling.view(there, stage_of(next_slot)), next, scratch));
     }
-    const Acc prefix = staged_prefix(op, ws.tile_totals + here.row * tiles,
-                                     ws.group_totals + here.row * groups, here.tile);
+    const Total prefix = staged_prefix(totals, ws.tile_totals + here.row * tiles,
+                                       ws.group_totals + here.row * groups, here.tile);
     scan_staged<Op, kReverse>(op, tiling.view(here, stage_of(slot)), cur, prefix);
     __syncthreads();  // every thread is done with the stage
     if (threadIdx.x == 0 && g + kStagedStages * step < all) {
