@@ -60,6 +60,15 @@ def outputs(out):
     return out if isinstance(out, tuple) else (out,)
 
 
+def misaligned(x):
+    """x's values in a contiguous tensor whose data starts one element past
+    where an allocation does (16-byte aligned or more)."""
+    buf = torch.empty(x.numel() + 1, dtype=x.dtype, device=x.device)
+    out = buf[1:].view(x.shape)
+    out.copy_(x)
+    return out
+
+
 def reference(name, x, dim, reverse=False):
     """torch's CPU op in float64, flipped around for reverse; indices mapped
     back to the original coordinates."""
@@ -1121,15 +1130,6 @@ def test_zeroed_workspace_paths_in_cuda_graph(name, shape, dim):
 SEGMENT = 4096
 
 
-def misaligned(x):
-    """x's values in a contiguous tensor whose data starts one element past
-    where an allocation does (16-byte aligned or more)."""
-    buf = torch.empty(x.numel() + 1, dtype=x.dtype, device=x.device)
-    out = buf[1:].view(x.shape)
-    out.copy_(x)
-    return out
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("shape", [(1, 2048 * SEGMENT), (3, 1024 * SEGMENT)], ids=str)
@@ -1177,9 +1177,7 @@ def test_long_rows_more_tile_groups_than_readers_on_cuda():
     n = 240 * 32 * 3 * 2048 + 777
     g = torch.Generator(device="cuda").manual_seed(11)
     ints = torch.randint(-1, 2, (1, n), generator=g, device="cuda")
-    padded = torch.empty(1, n + 1, device="cuda")
-    padded[:, 1:] = ints.float()
-    for x in (padded[:, 1:], ints.float()):
+    for x in (misaligned(ints.float()), ints.float()):
         assert bt.scan_path(x, 1) == "long_rows"
         for reverse in (False, True):
             ref = ints.flip(1).cumsum(1).flip(1) if reverse else ints.cumsum(1)
