@@ -287,7 +287,8 @@ bool launch_staged_rows(const Op& op, const ScanShape& s, bool reverse, void* wo
     LongRowsSlots<TotalOf<Op>> slots =
         long_rows_slots<TotalOf<Op>>(workspace, s.outer, tiles, groups);
     // Three 16 KiB stages and the block's own shared memory pass the 48 KiB
-    // a block gets unasked; four such blocks need most of an SM's.
+    // a block gets unasked; the three or four such blocks an SM holds
+    // (kStagedBlocksPerSm) need most of its shared memory.
     st = to_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         kStagedSharedBytes));
     if (st.is_ok()) {
