@@ -194,17 +194,19 @@ union LongRowsShared {
 };
 
 // Blocks per SM a long_rows block is compiled for: three for logcumsumexp
-// forward, which left free took 100 registers and ran two; four for the lean
-// extremes (kLeanLongRows; with tiles of one chunk they ran five, 149 -> 138
-// us on bfloat16 [1, 16M], H100, against four left free at 54 registers);
-// the others are left free (0). Asked for even one block, the
-// compiler takes more registers: float32 cumsum 69 rather than 64, three
-// blocks rather than four, 6 % slower on [1, 16M].
+// forward, which left free took 100 registers and ran two, and for two-byte
+// logcumsumexp backward (left free, it took 98 registers once the prefix
+// folds went by reference, and ran two blocks: 119 -> 140 us on bfloat16
+// [1, 16M]); four for the lean extremes (kLeanLongRows; with tiles of one
+// chunk they ran five, 149 -> 138 us on bfloat16 [1, 16M], H100, against
+// four left free at 54 registers); the others are left free (0). Asked
+// for even one block, the compiler takes more registers: float32 cumsum 69
+// rather than 64, three blocks rather than four, 6 % slower on [1, 16M].
 template <typename Op>
 constexpr int kLongRowsBlocksPerSm =
-    HasRunScan<Op>::value && sizeof(StateOf<Op>) <= 4 ? 3
-    : kLeanLongRows<Op>                               ? 4
-                                                      : 0;
+    HasRunScan<Op>::value && (sizeof(StateOf<Op>) <= 4 || sizeof(typename Op::Storage) == 2) ? 3
+    : kLeanLongRows<Op>                                                                        ? 4
+                                                                                               : 0;
 
 template <typename Op>
 __global__ void __launch_bounds__(kScanBlock, kLongRowsBlocksPerSm<Op>)
