@@ -1,7 +1,9 @@
 // Host engine of the scan family: a sequential walk along the axis, with one
 // running state per inner column so memory is read in order. It runs the
 // same functors as the CUDA engine (scan_ops.h), for float32 and float64
-// (accumulated in double).
+// (accumulated in double). It scans a range of lines (scan_kernels.h), so
+// that the op layer can spread them over threads.
+#include <algorithm>
 #include <vector>
 
 #include "scan/scan_dispatch.h"
@@ -10,35 +12,70 @@
 namespace baracuda {
 namespace {
 
+// One line (inner == 1, or a lone column): the running state stays in a
+// local, where a store through the op's output pointer, which may alias any
+// memory as far as the compiler knows, cannot force it back to memory.
 template <typename Op>
-void scan_lines(const Op& op, const ScanShape& s, bool reverse) {
+void scan_one_line(const Op& op, const ScanShape& s, bool reverse, int64_t o, int64_t i) {
+  typename Op::State carry = op.identity();
+  for (int64_t p = 0; p < s.len; ++p) {
+    const int64_t l = reverse ? s.len - 1 - p : p;
+    const int64_t off = (o * s.len + l) * s.inner + i;
+    carry = op.combine(carry, op.load(off, l));
+    op.store(off, l, carry);
+  }
+}
+
+// Lines [first, last), line o * inner + i: for each outer index they touch,
+// the columns [begin, end) walk the axis side by side.
+template <typename Op>
+void scan_lines(const Op& op, const ScanShape& s, bool reverse, int64_t first, int64_t last) {
   using State = typename Op::State;
-  std::vector<State> carry(static_cast<size_t>(s.inner));
-  for (int64_t o = 0; o < s.outer; ++o) {
-    for (auto& c : carry) c = op.identity();
+  std::vector<State> carry;
+  for (int64_t o = first / s.inner; o * s.inner < last; ++o) {
+    const int64_t begin = std::max<int64_t>(first - o * s.inner, 0);
+    const int64_t end = std::min<int64_t>(last - o * s.inner, s.inner);
+    if (end - begin == 1) {
+      scan_one_line(op, s, reverse, o, begin);
+      continue;
+    }
+    carry.assign(static_cast<size_t>(end - begin), op.identity());
     for (int64_t p = 0; p < s.len; ++p) {
       const int64_t l = reverse ? s.len - 1 - p : p;
       const int64_t base = (o * s.len + l) * s.inner;
-      for (int64_t i = 0; i < s.inner; ++i) {
-        carry[i] = op.combine(carry[i], op.load(base + i, l));
-        op.store(base + i, l, carry[i]);
+      for (int64_t i = begin; i < end; ++i) {
+        State& c = carry[static_cast<size_t>(i - begin)];
+        c = op.combine(c, op.load(base + i, l));
+        op.store(base + i, l, c);
       }
     }
   }
 }
 
 template <typename Args>
-KernelStatus run_host(const Args& a) {
-  if (a.shape.numel() == 0) return KernelStatus::ok();
+KernelStatus run_host(const Args& a, int64_t first, int64_t last) {
+  if (a.shape.numel() == 0 || first >= last) return KernelStatus::ok();
   return scan::dispatch_scan<void, void, double>(a, [&](const auto& op, bool reverse) {
-    scan_lines(op, a.shape, reverse);
+    scan_lines(op, a.shape, reverse, first, last);
     return KernelStatus::ok();
   });
 }
 
+int64_t all_lines(const ScanShape& s) { return s.outer * s.inner; }
+
 }  // namespace
 
-KernelStatus scan_forward_cpu(const ScanForwardArgs& args) { return run_host(args); }
-KernelStatus scan_backward_cpu(const ScanBackwardArgs& args) { return run_host(args); }
+KernelStatus scan_forward_cpu_lines(const ScanForwardArgs& args, int64_t first, int64_t last) {
+  return run_host(args, first, last);
+}
+KernelStatus scan_backward_cpu_lines(const ScanBackwardArgs& args, int64_t first, int64_t last) {
+  return run_host(args, first, last);
+}
+KernelStatus scan_forward_cpu(const ScanForwardArgs& args) {
+  return run_host(args, 0, all_lines(args.shape));
+}
+KernelStatus scan_backward_cpu(const ScanBackwardArgs& args) {
+  return run_host(args, 0, all_lines(args.shape));
+}
 
 }  // namespace baracuda

@@ -58,6 +58,12 @@ KernelStatus scan_forward_cuda(const ScanForwardArgs& args, void* stream);
 KernelStatus scan_backward_cuda(const ScanBackwardArgs& args, void* stream);
 
 // Host versions for float32 and float64 (the op layer upcasts half types).
+// The _lines forms scan only lines [first, last) of the shape's outer * inner
+// lines (line o * inner + i is the axis at outer index o, inner index i),
+// each line alone from its start, so that lines may go to different threads
+// with the same results; the others scan every line.
+KernelStatus scan_forward_cpu_lines(const ScanForwardArgs& args, int64_t first, int64_t last);
+KernelStatus scan_backward_cpu_lines(const ScanBackwardArgs& args, int64_t first, int64_t last);
 KernelStatus scan_forward_cpu(const ScanForwardArgs& args);
 KernelStatus scan_backward_cpu(const ScanBackwardArgs& args);
 
