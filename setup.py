@@ -53,7 +53,17 @@ def link_args() -> list:
     # error message that formats a number crashes. Naming the shared object
     # resolves every C++ runtime symbol before the archive is consulted.
     if sys.platform.startswith("linux"):
-        return ["-l:libstdc++.so.6"]
+        return ["-l:libstdc++.so.6", *openmp_flags()]
+    return []
+
+
+def openmp_flags() -> list:
+    """-fopenmp where torch's own CPU threads are OpenMP's (at::parallel_for
+    is a header template whose parallel region compiles to one thread
+    without it). The OpenMP runtime it links is the one torch already loaded.
+    """
+    if sys.platform.startswith("linux") and "OpenMP" in torch.__config__.parallel_info():
+        return ["-fopenmp"]
     return []
 
 
@@ -88,7 +98,7 @@ def cuda_arch_flags() -> list:
 def extension():
     with_cuda = want_cuda()
     defines = [("Py_LIMITED_API", "0x03090000")]
-    cxx = ["-O3", "-std=c++17", "-fdiagnostics-color=always"]
+    cxx = ["-O3", "-std=c++17", "-fdiagnostics-color=always", *openmp_flags()]
     nvcc = ["-O3", "-std=c++17", "-lineinfo", "--expt-relaxed-constexpr"]
     kind = cpp_extension.CppExtension
     if with_cuda:

@@ -291,6 +291,35 @@ def test_backward_every_dtype(device, dtype, name, rng):
             check_grad(name, x, dim, reverse, dy)
 
 
+# On CPU the lines (rows, or columns along a middle axis) go to torch's
+# intra-op threads in runs of whole lines: with two threads these shapes
+# split mid-row of lines (120 lines of 5000, 64 of 3000), and a run may
+# start and end inside one outer index. Forward and backward must match
+# the float64 reference and be bit-identical to one thread's results.
+@pytest.mark.parametrize("name", ALL_OPS)
+def test_host_lines_across_threads(name, rng):
+    before = torch.get_num_threads()
+    try:
+        for shape, dim in [((3, 5000, 40), 1), ((64, 3000), -1)]:
+            x = random_input(shape, torch.float32, "cpu", rng, name)
+            if name == "logcumsumexp":  # no ties: torch's reference itself is smooth there
+                x = torch.randn(shape, generator=rng)
+            dy = torch.randn(shape, generator=rng)
+            for reverse in (False, True):
+                results = []
+                for threads in (1, 2, 3):
+                    torch.set_num_threads(threads)
+                    results.append(outputs(ours(name, x, dim, reverse)) +
+                                   (our_grad(name, x, dim, reverse, dy),))
+                for got in results[1:]:
+                    for a, b in zip(got, results[0]):
+                        assert torch.equal(a, b)
+                check(name, x, dim, reverse)
+                check_grad(name, x, dim, reverse, dy)
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("name", ALL_OPS)
 def test_column_tiles_few_and_many_columns(device, dtype, name, rng):

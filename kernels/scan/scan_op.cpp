@@ -8,10 +8,13 @@
 //
 // Inputs are made contiguous (a copy only when they are not); outputs are
 // contiguous. Integer and bool inputs are rejected: cast to a float type.
+#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <mutex>
 #include <string>
 #include <tuple>
 
@@ -78,6 +81,37 @@ at::Tensor workspace_for(const ScanShape& s, const at::Tensor& like) {
   return at::empty({bytes}, like.options().dtype(at::kByte));
 }
 
+// The host engine's lines spread over torch's intra-op threads, in runs of
+// consecutive lines (whole rows, or neighbouring columns) of at least
+// kHostTaskElements elements, so that small scans stay on one thread. Each
+// line is scanned whole by one thread: results do not depend on the thread
+// count.
+constexpr int64_t kHostTaskElements = int64_t(1) << 15;
+
+template <typename Args>
+KernelStatus scan_on_host_threads(const Args& a,
+                                  KernelStatus (*scan_lines)(const Args&, int64_t, int64_t)) {
+  const int64_t lines = a.shape.outer * a.shape.inner;
+  const int64_t grain = std::max<int64_t>(1, kHostTaskElements / std::max<int64_t>(a.shape.len, 1));
+  std::mutex failure_mutex;
+  KernelStatus failure = KernelStatus::ok();
+  at::parallel_for(0, lines, grain, [&](int64_t first, int64_t last) {
+    const KernelStatus st = scan_lines(a, first, last);
+    if (st.is_ok()) return;
+    const std::lock_guard<std::mutex> lock(failure_mutex);
+    if (failure.is_ok()) failure = st;
+  });
+  return failure;
+}
+
+KernelStatus scan_forward_host(const ScanForwardArgs& a) {
+  return scan_on_host_threads(a, &scan_forward_cpu_lines);
+}
+
+KernelStatus scan_backward_host(const ScanBackwardArgs& a) {
+  return scan_on_host_threads(a, &scan_backward_cpu_lines);
+}
+
 // The fields every launch shares.
 template <typename Args>
 Args launch_args(ScanKind kind, const char* op, const at::Tensor& data, const ScanShape& s,
@@ -110,7 +144,7 @@ std::tuple<at::Tensor, at::Tensor> forward(ScanKind kind, const at::Tensor& x, i
   a.x = xc.const_data_ptr();
   a.y = yc.data_ptr();
   a.indices = with_indices ? idx.data_ptr<int64_t>() : nullptr;
-  run_on_device<ScanForwardArgs>(op, "scan", a, x, &scan_forward_cpu, BARACUDA_CUDA_ONLY(&scan_forward_cuda));
+  run_on_device<ScanForwardArgs>(op, "scan", a, x, &scan_forward_host, BARACUDA_CUDA_ONLY(&scan_forward_cuda));
   if (up) y.copy_(yc);
   return {y, idx};
 }
@@ -184,7 +218,7 @@ at::Tensor scan_backward(const at::Tensor& grad, const c10::optional<at::Tensor>
   a.y = uses_xy ? ys.const_data_ptr() : nullptr;
   a.indices = uses_idx ? is.const_data_ptr<int64_t>() : nullptr;
   a.dx = dxc.data_ptr();
-  run_on_device<ScanBackwardArgs>(op, "scan backward", a, grad, &scan_backward_cpu,
+  run_on_device<ScanBackwardArgs>(op, "scan backward", a, grad, &scan_backward_host,
                              BARACUDA_CUDA_ONLY(&scan_backward_cuda));
   if (up) dx.copy_(dxc);
   return dx;
