@@ -225,6 +225,13 @@ __device__ void warp_inclusive_by_joins(const Totals& totals, StateOf<Totals>& v
   }
 }
 
+// The inclusive scan of one total per lane across logical warps of kWidth
+// lanes: by reference where warp_scan_by_reference applies, else by joins.
+template <int kWidth, bool kEmptyLanes = false, typename Totals>
+__device__ void warp_inclusive(const Totals& totals, StateOf<Totals>& v) {
+  if (!warp_scan_by_reference<kWidth, kEmptyLanes>(v)) warp_inclusive_by_joins<kWidth>(totals, v);
+}
+
 // An exclusive scan of one total per thread of a block, after `lead`, with
 // the block's total (lead included), in at most ten joins a thread: each
 // warp scans its lanes (five), every warp scans lead and the eight warp
@@ -261,7 +268,7 @@ struct BlockTotalsScan {
     const int lane = threadIdx.x % 32;
     const int warp = threadIdx.x / 32;
     T incl = v;
-    if (!warp_scan_by_reference<32>(incl)) warp_inclusive_by_joins<32>(totals, incl);
+    warp_inclusive<32>(totals, incl);
     if (lane == 31) tmp.warp_totals[warp] = incl;
     T excl = shuffle_up<32>(incl, 1);
     if (lane == 0) excl = totals.identity();
@@ -269,7 +276,7 @@ struct BlockTotalsScan {
     const int slot = lane % kWarps;
     T w = tmp.warp_totals[slot];
     if (kLead && slot == 0) w = totals.combine(lead, w);
-    if (!warp_scan_by_reference<kWarps>(w)) warp_inclusive_by_joins<kWarps>(totals, w);
+    warp_inclusive<kWarps>(totals, w);
     if (warp == 0) {
       before = kLead ? totals.combine(lead, excl) : excl;
     } else {

@@ -181,7 +181,7 @@ template <typename Op>
 __device__ StateOf<Op> fold_warp(const Op& op, const StateOf<Op>& v) {
   if constexpr (kScansByReference<StateOf<Op>>) {
     StateOf<Op> incl = v;
-    if (!warp_scan_by_reference<32, true>(incl)) warp_inclusive_by_joins<32>(op, incl);
+    warp_inclusive<32, true>(op, incl);
     return shuffle_index<32>(incl, 31);
   }
   using WarpScan = cub::WarpScan<StateOf<Op>>;
@@ -231,7 +231,7 @@ __device__ StateOf<Op> join_prefix_folds(const Op& op, const StateOf<Op>& v) {
   if constexpr (kScansByReference<State>) {
     // Each logical warp of eight lanes scans the folds in that order.
     State w = warp_folds[(threadIdx.x % kWarps + 1) % kWarps];
-    if (!warp_scan_by_reference<kWarps, true>(w)) warp_inclusive_by_joins<kWarps>(op, w);
+    warp_inclusive<kWarps, true>(op, w);
     return shuffle_index<32>(w, kWarps - 1);
   }
   State prefix = op.identity();
