@@ -292,10 +292,11 @@ def test_backward_every_dtype(device, dtype, name, rng):
 
 
 # On CPU the lines (rows, or columns along a middle axis) go to torch's
-# intra-op threads in runs of whole lines: with two threads these shapes
-# split mid-row of lines (120 lines of 5000, 64 of 3000), and a run may
-# start and end inside one outer index. Forward and backward must match
-# the float64 reference and be bit-identical to one thread's results.
+# intra-op threads in runs of whole lines: with two or three threads the
+# 120 lines of 5000 (3 outer indices of 40 columns) and the 64 rows of 3000
+# split into runs, some starting or ending inside an outer index. Forward
+# and backward must match the float64 reference and be bit-identical to one
+# thread's results.
 @pytest.mark.parametrize("name", ALL_OPS)
 def test_host_lines_across_threads(name, rng):
     before = torch.get_num_threads()
