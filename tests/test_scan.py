@@ -1088,6 +1088,47 @@ def test_staged_long_rows_in_cuda_graph(reverse):
         check("cumsum", x, 1, reverse)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_staged_rows_standing_slots_back_to_back_on_cuda():
+    """Outside graph capture, the staged long rows keep their ready flags in
+    slots each stream holds from call to call, zeroed only when allocated or
+    grown, each call publishing under a mark of its own. Calls queued with
+    no sync between them, on two new streams at once (the second in the
+    opposite order), across ops, dtypes, directions and sizes whose slots
+    outgrow the stream's first buffer, must each be bit-identical to the same
+    call made alone: a flag left by an earlier call read as this call's would
+    give a wrong prefix."""
+    g = torch.Generator(device="cuda").manual_seed(23)
+    calls = []
+    # [1, 8M] float64 needs 4096 tiles of 2048 and their 128 groups: more
+    # than a stream's first 64 KiB of slots.
+    for shape in [(1, 1 << 18), (3, 1 << 20), (1, 1 << 23)]:
+        for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+            for k, name in enumerate(("cumsum", "cumprod", "logcumsumexp")):
+                x = torch.randn(shape, generator=g, device="cuda", dtype=dtype)
+                if name == "cumprod":
+                    x = 1 + x / 1024
+                calls.append((name, x, k % 2 == 1))
+    assert all(bt.scan_path(x, -1) == "long_rows" for _, x, _ in calls)
+    streams = (torch.cuda.Stream(), torch.cuda.Stream())
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+    got = [[None] * len(calls) for _ in streams]
+    for i in range(len(calls)):
+        for s, order, out in zip(streams, (calls, calls[::-1]), got):
+            name, x, reverse = order[i]
+            with torch.cuda.stream(s):
+                out[i if order is calls else len(calls) - 1 - i] = ours(name, x, -1, reverse)
+    torch.cuda.synchronize()
+    for k, (name, x, reverse) in enumerate(calls):
+        alone = ours(name, x, -1, reverse)
+        torch.cuda.synchronize()
+        for out in got:
+            assert torch.equal(out[k], alone), (name, tuple(x.shape), x.dtype, reverse)
+    for name, x, reverse in calls[-3:]:
+        check(name, x, -1, reverse)
+
+
 # The paths whose workspace is zeroed by a kernel launched ahead of theirs
 # (long_rows, column_tiles): on compute capability 9.0 and up both kernels
 # launch programmatically, each allowed to start before the one ahead ends.

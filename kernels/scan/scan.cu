@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "common/cuda_launch.cuh"
+#include "common/standing_slots.h"
 #include "common/zeroed_launch.cuh"
 #include "scan/scan_block.cuh"
 #include "scan/scan_dispatch.h"
@@ -299,16 +300,24 @@ bool launch_staged_rows(const Op& op, const ScanShape& s, bool reverse, void* wo
     }
     if (!st.is_ok()) return true;
     const int64_t resident = resident_capacity(kernel, kScanBlock, kStagedSharedBytes);
-    // A memset rather than launch_behind_zeroing: a cooperative launch does
-    // not start early behind a kernel (H100, [1, 16M] float32: 58.1 us with
-    // either), and a plain one that did (56.0 us) could not promise that every
-    // block is resident, which the tiles striped by block index need
-    // (benchmarks/RESULTS.md).
-    st = to_status(cudaMemsetAsync(workspace, 0, static_cast<size_t>(slots.bytes), stream));
-    if (!st.is_ok()) return true;
+    // The stream's standing slots where it has them; else the workspace,
+    // zeroed by a memset rather than launch_behind_zeroing: a cooperative
+    // launch does not start early behind a kernel (H100, [1, 16M] float32:
+    // 58.1 us with either), and a plain one that did (56.0 us) could not
+    // promise that every block is resident, which the tiles striped by
+    // block index need (benchmarks/RESULTS.md).
+    StandingLease lease;  // held until the launch is queued
+    uint64_t mark = kZeroedSlotsMark;
+    if (lease_standing_slots(stream, slots.bytes, lease)) {
+      slots = long_rows_slots<TotalOf<Op>>(lease.slots, s.outer, tiles, groups);
+      mark = lease.mark;
+    } else {
+      st = to_status(cudaMemsetAsync(workspace, 0, static_cast<size_t>(slots.bytes), stream));
+      if (!st.is_ok()) return true;
+    }
     const unsigned grid = static_cast<unsigned>(std::min(rows * tiles, resident));
     Op args_op = op;
-    void* args[] = {&args_op, &rows, &len, &tiles, &groups, &slots};
+    void* args[] = {&args_op, &rows, &len, &tiles, &groups, &slots, &mark};
     // Cooperative: a tile may wait for a tile of any block, so every block
     // must be resident at once.
     st = to_status(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), dim3(grid),

@@ -75,8 +75,13 @@ __device__ State read_volatile(const State* slot) {
 // sees that word's bytes: no fence on either side, and a reader learns that
 // a state is out and what it is in one round trip, where a separate flag
 // costs a fence and a second one. (CUB's decoupled look-back relies on the
-// same property of its 16-byte tile descriptors.) The words start zeroed:
-// flag 0 is "not yet".
+// same property of its 16-byte tile descriptors.)
+// The flag is a 64-bit ready mark (the word's first two 32-bit halves): a
+// word is out when it holds its own launch's mark. Zeroed words and mark 1
+// serve a launch whose slots are zeroed ahead of it; slots that stay from
+// launch to launch (standing_slots.h) are zeroed once, and each launch takes
+// a mark no launch on them has used, so whatever an earlier launch left
+// there reads as "not yet".
 
 template <typename State>
 struct FlaggedState {
@@ -90,31 +95,42 @@ union StateWords {
   unsigned int u[2 * FlaggedState<State>::kWords];
 };
 
+// The ready mark of a launch whose slots were zeroed ahead of it; a stream's
+// standing slots take it only for their very first launch, freshly zeroed.
+constexpr uint64_t kZeroedSlotsMark = 1;
+
 template <typename State>
-__device__ void publish_flagged(FlaggedState<State>* slot, const State& value) {
+__device__ void publish_flagged(FlaggedState<State>* slot, const State& value,
+                                uint64_t mark = kZeroedSlotsMark) {
   StateWords<State> v;
   v.state = value;
+  const unsigned int mark_lo = static_cast<unsigned int>(mark);
+  const unsigned int mark_hi = static_cast<unsigned int>(mark >> 32);
 #pragma unroll
   for (int w = 0; w < FlaggedState<State>::kWords; ++w) {
     asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(slot->words + w),
-                 "r"(1u), "r"(0u), "r"(v.u[2 * w]), "r"(v.u[2 * w + 1])
+                 "r"(mark_lo), "r"(mark_hi), "r"(v.u[2 * w]), "r"(v.u[2 * w + 1])
                  : "memory");
   }
 }
 
 // One attempt: true, with the state in `out`, if it is out.
 template <typename State>
-__device__ bool try_read_flagged(const FlaggedState<State>* slot, State& out) {
+__device__ bool try_read_flagged(const FlaggedState<State>* slot, State& out,
+                                 uint64_t mark = kZeroedSlotsMark) {
   StateWords<State> v;
   bool ready = true;
 #pragma unroll
   for (int w = 0; w < FlaggedState<State>::kWords; ++w) {
-    unsigned int flag, pad;
+    unsigned int lo, hi;
     asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(flag), "=r"(pad), "=r"(v.u[2 * w]), "=r"(v.u[2 * w + 1])
+                 : "=r"(lo), "=r"(hi), "=r"(v.u[2 * w]), "=r"(v.u[2 * w + 1])
                  : "l"(slot->words + w)
                  : "memory");
-    ready &= flag != 0u;
+    // Zeroed slots hold no mark but 1, so there the low half alone decides
+    // (where the mark is that constant, as in long_rows, the test compiles
+    // to what it was before marks).
+    ready &= mark == kZeroedSlotsMark ? lo != 0u : (uint64_t{hi} << 32 | lo) == mark;
   }
   out = v.state;
   return ready;
@@ -146,7 +162,8 @@ LongRowsSlots<State> long_rows_slots(void* workspace, int64_t rows, int64_t tile
 // time (the spin of one does not hold back the loads of the others).
 template <typename Op, int kBatch = 2>
 __device__ StateOf<Op> fold_published(const Op& op, const FlaggedState<StateOf<Op>>* slots,
-                                      int64_t begin, int64_t end) {
+                                      int64_t begin, int64_t end,
+                                      uint64_t mark = kZeroedSlotsMark) {
   using State = StateOf<Op>;
   State acc = op.identity();
   for (int64_t k0 = begin; k0 < end; k0 += kBatch) {
@@ -159,7 +176,7 @@ __device__ StateOf<Op> fold_published(const Op& op, const FlaggedState<StateOf<O
       all = true;
 #pragma unroll
       for (int j = 0; j < kBatch; ++j) {
-        if (!ready[j]) ready[j] = try_read_flagged(slots + k0 + j, v[j]);
+        if (!ready[j]) ready[j] = try_read_flagged(slots + k0 + j, v[j], mark);
         all &= ready[j];
       }
     } while (!all);
@@ -195,12 +212,12 @@ __device__ StateOf<Op> fold_warp(const Op& op, const StateOf<Op>& v) {
 // warp 0 only: a lane a tile, every lane waiting for its tile's total.
 template <typename Op>
 __device__ StateOf<Op> fold_group_tiles(const Op& op, const FlaggedState<StateOf<Op>>* group_tiles,
-                                        int64_t count) {
+                                        int64_t count, uint64_t mark = kZeroedSlotsMark) {
   static_assert(kGroupTiles == 32, "warp 0 reads a group's tiles, a lane each");
   const int lane = threadIdx.x % 32;
   StateOf<Op> v = op.identity();
   if (lane < count) {
-    while (!try_read_flagged(group_tiles + lane, v)) {
+    while (!try_read_flagged(group_tiles + lane, v, mark)) {
     }
   }
   return fold_warp(op, v);
@@ -211,12 +228,12 @@ __device__ StateOf<Op> fold_group_tiles(const Op& op, const FlaggedState<StateOf
 template <typename Op>
 __device__ StateOf<Op> fold_earlier_groups(const Op& op,
                                            const FlaggedState<StateOf<Op>>* row_groups,
-                                           int64_t group) {
+                                           int64_t group, uint64_t mark = kZeroedSlotsMark) {
   constexpr int kReaders = (kScanBlock / 32 - 1) * 32;
   const int64_t per = (group + kReaders - 1) / kReaders;
   const int64_t begin = int64_t(threadIdx.x - 32) * per;
   const int64_t end = begin + per < group ? begin + per : group;
-  return fold_published(op, row_groups, begin, end);
+  return fold_published(op, row_groups, begin, end, mark);
 }
 
 // Joins each warp's fold (lane 0's) behind one barrier: the earlier groups'

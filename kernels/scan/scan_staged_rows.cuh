@@ -422,31 +422,33 @@ __device__ void scan_staged(const Op& op, const StagedTile<typename Op::Storage>
 }
 
 // Publishes tile `tile`'s total (warp 0), and where the tile closes a group
-// that later tiles depend on, the group's total in tile_prefix's order.
+// that later tiles depend on, the group's total in tile_prefix's order, each
+// under the launch's ready mark.
 template <typename Op>
 __device__ void publish_staged_total(const Op& op, const StateOf<Op>& total,
                                      FlaggedState<StateOf<Op>>* row_tiles,
                                      FlaggedState<StateOf<Op>>* row_groups, int64_t tile,
-                                     int64_t groups) {
+                                     int64_t groups, uint64_t mark) {
   if (threadIdx.x >= 32) return;
   const int64_t group = tile / kGroupTiles;
   const int64_t group_first = group * kGroupTiles;
-  if (threadIdx.x == 0) publish_flagged(row_tiles + tile, total);
+  if (threadIdx.x == 0) publish_flagged(row_tiles + tile, total, mark);
   if (tile - group_first == kGroupTiles - 1 && group + 1 < groups) {
-    const StateOf<Op> v = fold_group_tiles(op, row_tiles + group_first, kGroupTiles - 1);
-    if (threadIdx.x == 0) publish_flagged(row_groups + group, op.combine(v, total));
+    const StateOf<Op> v = fold_group_tiles(op, row_tiles + group_first, kGroupTiles - 1, mark);
+    if (threadIdx.x == 0) publish_flagged(row_groups + group, op.combine(v, total), mark);
   }
 }
 
 // Everything before tile `tile` of its row, as tile_prefix folds it.
 template <typename Op>
 __device__ StateOf<Op> staged_prefix(const Op& op, const FlaggedState<StateOf<Op>>* row_tiles,
-                                     const FlaggedState<StateOf<Op>>* row_groups, int64_t tile) {
+                                     const FlaggedState<StateOf<Op>>* row_groups, int64_t tile,
+                                     uint64_t mark) {
   const int64_t group = tile / kGroupTiles;
   const int64_t group_first = group * kGroupTiles;
   const StateOf<Op> v =
-      threadIdx.x < 32 ? fold_group_tiles(op, row_tiles + group_first, tile - group_first)
-                       : fold_warp(op, fold_earlier_groups(op, row_groups, group));
+      threadIdx.x < 32 ? fold_group_tiles(op, row_tiles + group_first, tile - group_first, mark)
+                       : fold_warp(op, fold_earlier_groups(op, row_groups, group, mark));
   return join_prefix_folds(op, v);
 }
 
@@ -460,11 +462,12 @@ template <typename Op>
 constexpr int kStagedBlocksPerSm = kStagedRuns<Op> || sizeof(StateOf<Op>) > 4 ? 3 : 4;
 
 // Grid: at most one block per tile, every block resident (launched
-// cooperatively); dynamic shared memory kStagedSharedBytes.
+// cooperatively); dynamic shared memory kStagedSharedBytes. `ws` holds no
+// word with `mark` when the launch starts (scan_publish.cuh).
 template <typename Op, bool kReverse>
 __global__ void __launch_bounds__(kScanBlock, kStagedBlocksPerSm<Op>)
     staged_rows_kernel(Op op, int64_t rows, int64_t len, int64_t tiles, int64_t groups,
-                       LongRowsSlots<TotalOf<Op>> ws) {
+                       LongRowsSlots<TotalOf<Op>> ws, uint64_t mark) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using T = typename Op::Storage;
   using Total = TotalOf<Op>;
@@ -487,7 +490,7 @@ __global__ void __launch_bounds__(kScanBlock, kStagedBlocksPerSm<Op>)
   __syncthreads();
   auto publish = [&](const StagedPlace& p, const Total& total) {
     publish_staged_total(totals, total, ws.tile_totals + p.row * tiles,
-                         ws.group_totals + p.row * groups, p.tile, groups);
+                         ws.group_totals + p.row * groups, p.tile, groups, mark);
   };
   StagedFold<Op> cur, next;
   StagedPlace here = tiling.place(blockIdx.x);
@@ -507,7 +510,7 @@ __global__ void __launch_bounds__(kScanBlock, kStagedBlocksPerSm<Op>)
               fold_staged<Op, kReverse>(op, tiling.view(there, stage_of(next_slot)), next, scratch));
     }
     const Total prefix = staged_prefix(totals, ws.tile_totals + here.row * tiles,
-                                       ws.group_totals + here.row * groups, here.tile);
+                                       ws.group_totals + here.row * groups, here.tile, mark);
     scan_staged<Op, kReverse>(op, tiling.view(here, stage_of(slot)), cur, prefix);
     __syncthreads();  // every thread is done with the stage
     if (threadIdx.x == 0 && g + kStagedStages * step < all) {
