@@ -264,65 +264,79 @@ KernelStatus launch_long_rows(const Op& op, const ScanShape& s, bool reverse, vo
                                slots);
 }
 
-// Launches the staged long rows (scan_staged_rows.cuh) where they apply: the
-// op (kStagedRowsApply), both arrays and every row starting 16 bytes
-// aligned, the kernel compiled for compute capability 9.0 or more (the bulk
-// copy engine), and so running on such a device. Their tiles are longer than
-// long_rows' shortest, so the long_rows workspace holds their slots. Returns
-// false, launching nothing, where they do not apply.
+// The staged tiles an op takes (scan_staged_rows.cuh): one array whole
+// (kStagedRowsApply), or none.
+template <typename Op, bool kReverse>
+using StagedTilesOf =
+    std::conditional_t<kStagedRowsApply<Op>, StagedPlainTiles<Op, kReverse>, void>;
+
+// One staged launch over `rows` rows of tiles_of's tiles. Their tiles are at
+// least long_rows' shortest, so the long_rows workspace holds their slots.
+template <typename Tiles>
+KernelStatus launch_staged_tiles(const Tiles& tiles_of, int64_t rows, void* workspace,
+                                 cudaStream_t stream) {
+  using Total = typename Tiles::Total;
+  constexpr int kSharedBytes = Tiles::kStages * Tiles::kStageBytes;
+  const auto kernel = staged_rows_kernel<Tiles>;
+  int64_t groups = ceil_div(tiles_of.tiles, kGroupTiles);
+  LongRowsSlots<Total> slots = long_rows_slots<Total>(workspace, rows, tiles_of.tiles, groups);
+  // The stages and the block's own shared memory pass the 48 KiB a block
+  // gets unasked; the three or four such blocks an SM holds
+  // (Tiles::kBlocksPerSm) need most of its shared memory.
+  KernelStatus st = to_status(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
+  if (st.is_ok()) {
+    st = to_status(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                        cudaSharedmemCarveoutMaxShared));
+  }
+  if (!st.is_ok()) return st;
+  const int64_t resident = resident_capacity(kernel, kScanBlock, kSharedBytes);
+  // The stream's standing slots where it has them; else the workspace,
+  // zeroed by a memset rather than launch_behind_zeroing: a cooperative
+  // launch does not start early behind a kernel (H100, [1, 16M] float32:
+  // 58.1 us with either), and a plain one that did (56.0 us) could not
+  // promise that every block is resident, which the tiles striped by
+  // block index need (benchmarks/RESULTS.md).
+  StandingLease lease;  // held until the launch is queued
+  uint64_t mark = kZeroedSlotsMark;
+  if (lease_standing_slots(stream, slots.bytes, lease)) {
+    slots = long_rows_slots<Total>(lease.slots, rows, tiles_of.tiles, groups);
+    mark = lease.mark;
+  } else {
+    st = to_status(cudaMemsetAsync(workspace, 0, static_cast<size_t>(slots.bytes), stream));
+    if (!st.is_ok()) return st;
+  }
+  const unsigned grid = static_cast<unsigned>(std::min(rows * tiles_of.tiles, resident));
+  Tiles args_tiles = tiles_of;
+  void* args[] = {&args_tiles, &rows, &groups, &slots, &mark};
+  // Cooperative: a tile may wait for a tile of any block, so every block
+  // must be resident at once.
+  return to_status(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), dim3(grid),
+                                               dim3(kScanBlock), args, kSharedBytes, stream));
+}
+
+// Launches the staged long rows where they apply: the op (StagedTilesOf),
+// every array and every row starting 16 bytes aligned, the kernel compiled
+// for compute capability 9.0 or more (the bulk copy engine), and so running
+// on such a device. Returns false, launching nothing, where they do not.
 template <typename Op>
 bool launch_staged_rows(const Op& op, const ScanShape& s, bool reverse, void* workspace,
                         cudaStream_t stream, KernelStatus& st) {
-  if constexpr (kStagedRowsApply<Op>) {
+  if constexpr (!std::is_void<StagedTilesOf<Op, false>>::value) {
     using T = typename Op::Storage;
-    const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-    const auto kernel = reverse ? staged_rows_kernel<Op, true> : staged_rows_kernel<Op, false>;
+    using Forward = StagedTilesOf<Op, false>;
+    using Backward = StagedTilesOf<Op, true>;
     // Compiled for an older target (and run from its PTX), the kernel's
     // body is compiled out.
-    if (!aligned(op.src) || !aligned(op.dst) ||
-        (s.outer > 1 && s.len * int64_t{sizeof(T)} % 16 != 0) ||
-        !kernel_compiled_for_sm90(kernel)) {
+    const bool compiled = reverse ? kernel_compiled_for_sm90(staged_rows_kernel<Backward>)
+                                  : kernel_compiled_for_sm90(staged_rows_kernel<Forward>);
+    if (!arrays_aligned16<true>(op, 0) ||
+        (s.outer > 1 && s.len * int64_t{sizeof(T)} % 16 != 0) || !compiled) {
       return false;
     }
-    int64_t rows = s.outer, len = s.len;
-    int64_t tiles = ceil_div(s.len, kStagedTileLen<T>);
-    int64_t groups = ceil_div(tiles, kGroupTiles);
-    LongRowsSlots<TotalOf<Op>> slots =
-        long_rows_slots<TotalOf<Op>>(workspace, s.outer, tiles, groups);
-    // Three 16 KiB stages and the block's own shared memory pass the 48 KiB
-    // a block gets unasked; the three or four such blocks an SM holds
-    // (kStagedBlocksPerSm) need most of its shared memory.
-    st = to_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        kStagedSharedBytes));
-    if (st.is_ok()) {
-      st = to_status(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                          cudaSharedmemCarveoutMaxShared));
-    }
-    if (!st.is_ok()) return true;
-    const int64_t resident = resident_capacity(kernel, kScanBlock, kStagedSharedBytes);
-    // The stream's standing slots where it has them; else the workspace,
-    // zeroed by a memset rather than launch_behind_zeroing: a cooperative
-    // launch does not start early behind a kernel (H100, [1, 16M] float32:
-    // 58.1 us with either), and a plain one that did (56.0 us) could not
-    // promise that every block is resident, which the tiles striped by
-    // block index need (benchmarks/RESULTS.md).
-    StandingLease lease;  // held until the launch is queued
-    uint64_t mark = kZeroedSlotsMark;
-    if (lease_standing_slots(stream, slots.bytes, lease)) {
-      slots = long_rows_slots<TotalOf<Op>>(lease.slots, s.outer, tiles, groups);
-      mark = lease.mark;
-    } else {
-      st = to_status(cudaMemsetAsync(workspace, 0, static_cast<size_t>(slots.bytes), stream));
-      if (!st.is_ok()) return true;
-    }
-    const unsigned grid = static_cast<unsigned>(std::min(rows * tiles, resident));
-    Op args_op = op;
-    void* args[] = {&args_op, &rows, &len, &tiles, &groups, &slots, &mark};
-    // Cooperative: a tile may wait for a tile of any block, so every block
-    // must be resident at once.
-    st = to_status(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), dim3(grid),
-                                               dim3(kScanBlock), args, kStagedSharedBytes,
-                                               stream));
+    const int64_t tiles = ceil_div(s.len, Forward::kTileLen);
+    st = reverse ? launch_staged_tiles(Backward{op, s.len, tiles}, s.outer, workspace, stream)
+                 : launch_staged_tiles(Forward{op, s.len, tiles}, s.outer, workspace, stream);
     return true;
   }
   return false;

@@ -57,7 +57,6 @@ constexpr int kStagedVectors = 4;
 constexpr int kStagedStages = 3;
 constexpr int kStagedTileVectors = kScanBlock * kStagedVectors;
 constexpr int kStagedTileBytes = kStagedTileVectors * 16;
-constexpr int kStagedSharedBytes = kStagedStages * kStagedTileBytes;
 
 template <typename T>
 constexpr int64_t kStagedTileLen = kStagedTileBytes / int64_t{sizeof(T)};
@@ -79,22 +78,29 @@ struct StagedPlace {
   int64_t valid;        // its elements inside the row
 };
 
+// Tiles of kTileLen elements are laid from each row's start in memory, so
+// only a row's last tile in memory (the first in scan order, reversed) may
+// be short. Every tile index fits 32 bits (a tile holds at least 2048
+// elements), and a 32-bit division costs a fraction of a 64-bit one.
+template <int64_t kTileLen, bool kReverse>
+__device__ StagedPlace place_staged_tile(int64_t g, int64_t len, int64_t tiles) {
+  StagedPlace p;
+  p.row = static_cast<uint32_t>(g) / static_cast<uint32_t>(tiles);
+  p.tile = g - p.row * tiles;
+  const int64_t in_memory = kReverse ? tiles - 1 - p.tile : p.tile;
+  p.first = p.row * len + in_memory * kTileLen;
+  const int64_t rest = len - in_memory * kTileLen;
+  p.valid = rest < kTileLen ? rest : kTileLen;
+  return p;
+}
+
 template <typename T, bool kReverse>
 struct StagedTiling {
   const T* src;
   T* dst;
   int64_t len, tiles;
-  // Every tile index fits 32 bits (a tile is 16 KiB), and a 32-bit division
-  // costs a fraction of a 64-bit one.
   __device__ StagedPlace place(int64_t g) const {
-    StagedPlace p;
-    p.row = static_cast<uint32_t>(g) / static_cast<uint32_t>(tiles);
-    p.tile = g - p.row * tiles;
-    const int64_t in_memory = kReverse ? tiles - 1 - p.tile : p.tile;
-    p.first = p.row * len + in_memory * kStagedTileLen<T>;
-    const int64_t rest = len - in_memory * kStagedTileLen<T>;
-    p.valid = rest < kStagedTileLen<T> ? rest : kStagedTileLen<T>;
-    return p;
+    return place_staged_tile<kStagedTileLen<T>, kReverse>(g, len, tiles);
   }
   // Thread 0: asks the copy engine for the tile's whole vectors into `stage`.
   __device__ void request(const StagedPlace& p, unsigned char* stage, uint64_t* full) const {
@@ -461,30 +467,63 @@ __device__ StateOf<Op> staged_prefix(const Op& op, const FlaggedState<StateOf<Op
 template <typename Op>
 constexpr int kStagedBlocksPerSm = kStagedRuns<Op> || sizeof(StateOf<Op>) > 4 ? 3 : 4;
 
-// Grid: at most one block per tile, every block resident (launched
-// cooperatively); dynamic shared memory kStagedSharedBytes. `ws` holds no
-// word with `mark` when the launch starts (scan_publish.cuh).
+// The tiles of the ops above: a tile of one array staged whole, folded and
+// scanned in the vector or the run layout. A staged kernel's tiles say how a tile is
+// placed (place), asked of the copy engine (request: thread 0 only), folded
+// into what its scan needs (fold, every thread; returns its total) and
+// scanned from everything before it and stored (scan).
 template <typename Op, bool kReverse>
-__global__ void __launch_bounds__(kScanBlock, kStagedBlocksPerSm<Op>)
-    staged_rows_kernel(Op op, int64_t rows, int64_t len, int64_t tiles, int64_t groups,
-                       LongRowsSlots<TotalOf<Op>> ws, uint64_t mark) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using T = typename Op::Storage;
+struct StagedPlainTiles {
+  using Totals = TotalsOf<Op>;
   using Total = TotalOf<Op>;
-  const TotalsOf<Op> totals = totals_of(op);
+  using Fold = StagedFold<Op>;
+  static constexpr int64_t kTileLen = kStagedTileLen<typename Op::Storage>;
+  static constexpr int kStageBytes = kStagedTileBytes;
+  static constexpr int kBlocksPerSm = kStagedBlocksPerSm<Op>;
+  static constexpr int kStages = kStagedStages;
+  Op op;
+  int64_t len, tiles;
+
+  __device__ Totals totals() const { return totals_of(op); }
+  __device__ StagedTiling<typename Op::Storage, kReverse> tiling() const {
+    return {op.src, op.dst, len, tiles};
+  }
+  __device__ StagedPlace place(int64_t g) const { return tiling().place(g); }
+  __device__ void request(const StagedPlace& p, unsigned char* stage, uint64_t* full) const {
+    tiling().request(p, stage, full);
+  }
+  __device__ Total fold(const StagedPlace& p, unsigned char* stage, Fold& f) const {
+    __shared__ StagedScratch<Op> scratch;
+    return fold_staged<Op, kReverse>(op, tiling().view(p, stage), f, scratch);
+  }
+  __device__ void scan(const StagedPlace& p, unsigned char* stage, const Fold& f,
+                       const Total& prefix) const {
+    scan_staged<Op, kReverse>(op, tiling().view(p, stage), f, prefix);
+  }
+};
+
+// Grid: at most one block per tile, every block resident (launched
+// cooperatively); dynamic shared memory Tiles::kStages * Tiles::kStageBytes.
+// `ws` holds no word with `mark` when the launch starts (scan_publish.cuh).
+template <typename Tiles>
+__global__ void __launch_bounds__(kScanBlock, Tiles::kBlocksPerSm)
+    staged_rows_kernel(Tiles tiles_of, int64_t rows, int64_t groups,
+                       LongRowsSlots<typename Tiles::Total> ws, uint64_t mark) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using Total = typename Tiles::Total;
+  const typename Tiles::Totals totals = tiles_of.totals();
+  const int64_t tiles = tiles_of.tiles;
   extern __shared__ __align__(128) unsigned char stages[];
-  __shared__ __align__(8) uint64_t full[kStagedStages];
-  __shared__ StagedScratch<Op> scratch;
-  const StagedTiling<T, kReverse> tiling{op.src, op.dst, len, tiles};
+  __shared__ __align__(8) uint64_t full[Tiles::kStages];
   const int64_t all = rows * tiles;
   const int64_t step = gridDim.x;
-  auto stage_of = [&](int slot) { return stages + slot * kStagedTileBytes; };
+  auto stage_of = [&](int slot) { return stages + slot * Tiles::kStageBytes; };
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kStagedStages; ++s) mbarrier_init(&full[s], 1);
+    for (int s = 0; s < Tiles::kStages; ++s) mbarrier_init(&full[s], 1);
     mbarrier_init_fence();
-    for (int s = 0; s < kStagedStages; ++s) {
+    for (int s = 0; s < Tiles::kStages; ++s) {
       const int64_t g = blockIdx.x + s * step;
-      if (g < all) tiling.request(tiling.place(g), stage_of(s), &full[s]);
+      if (g < all) tiles_of.request(tiles_of.place(g), stage_of(s), &full[s]);
     }
   }
   __syncthreads();
@@ -492,29 +531,28 @@ __global__ void __launch_bounds__(kScanBlock, kStagedBlocksPerSm<Op>)
     publish_staged_total(totals, total, ws.tile_totals + p.row * tiles,
                          ws.group_totals + p.row * groups, p.tile, groups, mark);
   };
-  StagedFold<Op> cur, next;
-  StagedPlace here = tiling.place(blockIdx.x);
+  typename Tiles::Fold cur, next;
+  StagedPlace here = tiles_of.place(blockIdx.x);
   mbarrier_wait(&full[0], 0);
-  publish(here, fold_staged<Op, kReverse>(op, tiling.view(here, stage_of(0)), cur, scratch));
-  // Round i scans tile blockIdx.x + i * step from stage i % kStagedStages,
-  // whose barrier is then in its (i / kStagedStages)-th phase.
+  publish(here, tiles_of.fold(here, stage_of(0), cur));
+  // Round i scans tile blockIdx.x + i * step from stage i % Tiles::kStages,
+  // whose barrier is then in its (i / Tiles::kStages)-th phase.
   int slot = 0, phase = 0;
   for (int64_t g = blockIdx.x; g < all; g += step) {
-    const int next_slot = slot + 1 == kStagedStages ? 0 : slot + 1;
+    const int next_slot = slot + 1 == Tiles::kStages ? 0 : slot + 1;
     const int next_phase = next_slot == 0 ? phase ^ 1 : phase;
     StagedPlace there{};
     if (g + step < all) {
-      there = tiling.place(g + step);
+      there = tiles_of.place(g + step);
       mbarrier_wait(&full[next_slot], next_phase);
-      publish(there,
-              fold_staged<Op, kReverse>(op, tiling.view(there, stage_of(next_slot)), next, scratch));
+      publish(there, tiles_of.fold(there, stage_of(next_slot), next));
     }
     const Total prefix = staged_prefix(totals, ws.tile_totals + here.row * tiles,
                                        ws.group_totals + here.row * groups, here.tile, mark);
-    scan_staged<Op, kReverse>(op, tiling.view(here, stage_of(slot)), cur, prefix);
+    tiles_of.scan(here, stage_of(slot), cur, prefix);
     __syncthreads();  // every thread is done with the stage
-    if (threadIdx.x == 0 && g + kStagedStages * step < all) {
-      tiling.request(tiling.place(g + kStagedStages * step), stage_of(slot), &full[slot]);
+    if (threadIdx.x == 0 && g + Tiles::kStages * step < all) {
+      tiles_of.request(tiles_of.place(g + Tiles::kStages * step), stage_of(slot), &full[slot]);
     }
     cur = next;
     here = there;
