@@ -257,6 +257,15 @@ def reference_grad(name, x, dim, reverse, dy):
     return g
 
 
+def logcumsumexp_grad_slack(x, n):
+    """What a logcumsumexp gradient along an axis of n may stray from the
+    float64 reference beyond tol: ours goes through y stored in x's dtype,
+    off by ~eps |y|, and torch's reference sums the positive and negative
+    parts apart, each in the log domain, drifting by up to ~eps |x| n."""
+    big = x.abs().max().item()
+    return 8 * torch.finfo(x.dtype).eps * big + 4 * torch.finfo(torch.float64).eps * big * n
+
+
 def our_grad(name, x, dim, reverse, dy):
     x = x.detach().requires_grad_()
     out = ours(name, x, dim, reverse)
@@ -541,11 +550,7 @@ def test_logcumsumexp_wide_spans_and_neg_inf_stretches(device, dtype, shape, dim
                 assert (got[torch.isneginf(x)] == 0).all()
                 continue
             ref = reference_grad("logcumsumexp", x, dim, reverse, dy)
-            # The gradient goes through y stored in dtype, off by ~eps |y|.
-            # torch's float64 reference sums positive and negative parts
-            # apart, each in the log domain: it drifts by up to ~eps |x| n.
-            big = x.abs().max().item()
-            slack = 8 * torch.finfo(dtype).eps * big + 4 * torch.finfo(torch.float64).eps * big * n
+            slack = logcumsumexp_grad_slack(x, n)
             t = tol(dtype, n)
             torch.testing.assert_close(got.double().cpu(), ref.cpu(), atol=t["atol"] + slack,
                                        rtol=t["rtol"] + slack)
@@ -962,6 +967,28 @@ def test_tens_of_millions_on_cuda(name):
 STAGED_ROWS = [(1, 300000), (1, 70001), (4, 300000), (3, 524288)]
 
 
+def assert_long_row_grad_close(name, got, x, reverse, dy):
+    """Our gradient `got` along dim -1 of long rows against the float64
+    reference. float32 cumprod's products and sums of terms near 1 over up
+    to 524288 positions round past the fixed per-element tolerance (torch's
+    own float32 gradient is off by about 2e-4 in norm there): it must be as
+    close as torch's; logcumsumexp takes logcumsumexp_grad_slack."""
+    ref = reference_grad(name, x, -1, reverse, dy)
+    got = got.double().cpu()
+    t = tol(x.dtype, x.shape[-1])
+    if name == "cumprod" and x.dtype == torch.float32:
+        xt = x.detach().requires_grad_()
+        yt = torch.cumprod(xt.flip(-1) if reverse else xt, -1)
+        (theirs,) = torch.autograd.grad(yt.flip(-1) if reverse else yt, xt, dy)
+        err = lambda g: ((g.double().cpu() - ref).norm() / ref.norm()).item()
+        assert err(got) <= 2 * err(theirs) + 1e-6
+        return
+    if name == "logcumsumexp":
+        slack = logcumsumexp_grad_slack(x, x.shape[-1])
+        t = dict(atol=t["atol"] + slack, rtol=t["rtol"] + slack)
+    torch.testing.assert_close(got, ref, **t)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64],
                          ids=str)
@@ -985,22 +1012,9 @@ def test_staged_long_rows_on_cuda(dtype, name):
             check(name, x, -1, reverse)
             first = ours(name, x, -1, reverse)
             assert torch.equal(ours(name, x, -1, reverse), first)
-            got = our_grad(name, x, -1, reverse, dy).double().cpu()
-            ref = reference_grad(name, x, -1, reverse, dy)
-            if name == "cumprod" and dtype == torch.float32:
-                # Products and sums of terms near 1 over up to 524288
-                # positions round, in float32, past the fixed per-element
-                # tolerance: torch's own float32 gradient is off by about
-                # 2e-4 in norm here. Ours must be as close as torch's.
-                xt = x.detach().requires_grad_()
-                yt = torch.cumprod(xt.flip(-1) if reverse else xt, -1)
-                (theirs,) = torch.autograd.grad(yt.flip(-1) if reverse else yt, xt, dy)
-                err = lambda g: ((g.double().cpu() - ref).norm() / ref.norm()).item()
-                assert err(got) <= 2 * err(theirs) + 1e-6
-            else:
-                torch.testing.assert_close(got, ref, **tol(dtype, shape[1]))
-            if name == "cumsum":
-                assert torch.equal(our_grad(name, x, -1, reverse, dy).double().cpu(), got)
+            got = our_grad(name, x, -1, reverse, dy)
+            assert_long_row_grad_close(name, got, x, reverse, dy)
+            assert torch.equal(our_grad(name, x, -1, reverse, dy), got)
 
 
 # logcumsumexp forward on the same long rows: staged, a thread scanning 16
@@ -1031,6 +1045,46 @@ def test_staged_logcumsumexp_long_rows_on_cuda(dtype):
             torch.testing.assert_close(bt.logcumsumexp(x, -1, reverse=reverse),
                                        bt.logcumsumexp(x, -1, reverse=reverse), atol=0, rtol=0,
                                        equal_nan=True)
+
+
+# logcumsumexp backward on long rows: staged whole runs (dy, x and y staged,
+# a thread's run built from its vectors) on compute capability 9.0 and up
+# for float16, bfloat16 and float32, in tiles of 4096; float64 takes the
+# long_rows kernel. 81923 = 20 * 4096 + 3 ends in a tile of three elements,
+# read and written element by element. Against the float64 reference, and
+# bit-identical run to run; then with an all -inf prefix past a tile, a
+# steep stretch, one large element, a +inf and a NaN, against the long_rows
+# kernel (x one element off alignment), since torch's own gradient is NaN
+# at -inf.
+STAGED_WHOLE_RUN_ROWS = STAGED_ROWS + [(1, 81923), (2, 40960)]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64],
+                         ids=str)
+def test_staged_logcumsumexp_backward_on_cuda(dtype):
+    g = torch.Generator().manual_seed(23)
+    name = "logcumsumexp"
+    for shape in STAGED_WHOLE_RUN_ROWS:
+        assert bt.scan_path(torch.empty(shape, device="meta"), -1) == "long_rows"
+        x = torch.randn(shape, generator=g, dtype=torch.float64)
+        x[0, 10000:20000] += torch.arange(10000, dtype=torch.float64) / 128
+        x = x.to(dtype).cuda()
+        dy = torch.randn(shape, generator=g).to(dtype).cuda()
+        for reverse in (False, True):
+            got = our_grad(name, x, -1, reverse, dy)
+            assert torch.equal(our_grad(name, x, -1, reverse, dy), got)
+            assert_long_row_grad_close(name, got, x, reverse, dy)
+        x[0, : 4096 + 5] = -INF
+        x[0, 30007] = 80
+        x[-1, shape[1] // 3 + 5] = INF
+        x[-1, shape[1] // 2 + 77] = NAN
+        for reverse in (False, True):
+            got = our_grad(name, x, -1, reverse, dy)
+            torch.testing.assert_close(our_grad(name, x, -1, reverse, dy), got, atol=0, rtol=0,
+                                       equal_nan=True)
+            unstaged = our_grad(name, off_boundary(x), -1, reverse, dy)
+            torch.testing.assert_close(got, unstaged, **tol(dtype, shape[1]), equal_nan=True)
 
 
 # cummax / cummin on the same long rows (the long_rows kernel: their
@@ -1227,10 +1281,7 @@ def test_logcumsumexp_segmented_long_rows_on_cuda(dtype, shape):
         assert torch.isfinite(got).all() and (got[torch.isneginf(x[:1])] == 0).all()
         got = our_grad("logcumsumexp", plain, 1, reverse, dy)
         ref = reference_grad("logcumsumexp", plain, 1, reverse, dy)
-        # As in test_logcumsumexp_wide_spans_and_neg_inf_stretches: y stored
-        # in dtype, and torch's float64 reference drifting by ~eps |x| n.
-        big = plain.abs().max().item()
-        slack = 8 * torch.finfo(dtype).eps * big + 4 * torch.finfo(torch.float64).eps * big * n
+        slack = logcumsumexp_grad_slack(plain, n)
         t = tol(dtype, n)
         torch.testing.assert_close(got.double().cpu(), ref.cpu(), atol=t["atol"] + slack,
                                    rtol=t["rtol"] + slack)

@@ -26,7 +26,10 @@
 //              rows, on GPUs with the bulk copy engine
 //              (scan_staged_rows.cuh: the launcher's choice, same path
 //              name): persistent blocks stage 16 KiB tiles in shared memory
-//              and publish each tile's total a tile ahead of its scan. Or,
+//              and publish each tile's total a tile ahead of its scan; the
+//              same for float32 / two-byte logcumsumexp backward, its three
+//              inputs staged in tiles of 4096 (scan_staged_whole_runs.cuh).
+//              Or,
 //              for other two-byte logcumsumexp forward rows of whole
 //              segments, segments enough (scan_segments.cuh: likewise): segment
 //              totals, their scan, then the segments as rows from those

@@ -468,7 +468,8 @@ template <typename Op>
 constexpr int kStagedBlocksPerSm = kStagedRuns<Op> || sizeof(StateOf<Op>) > 4 ? 3 : 4;
 
 // The tiles of the ops above: a tile of one array staged whole, folded and
-// scanned in the vector or the run layout. A staged kernel's tiles say how a tile is
+// scanned in the vector or the run layout. A staged kernel's tiles (this
+// one, or StagedWholeRunTiles, scan_staged_whole_runs.cuh) say how a tile is
 // placed (place), asked of the copy engine (request: thread 0 only), folded
 // into what its scan needs (fold, every thread; returns its total) and
 // scanned from everything before it and stored (scan).
