@@ -667,21 +667,20 @@ __device__ void unpack_whole_run(const Op& op, const Line& line, int64_t first,
   load_ragged_run(op, line, first, items, aux);
 }
 
-// A kWholeRunIo op's outputs for the whole run [first, first + kItems) of
-// a line, gathered in `out` (memory order) by the op's own store on a copy
-// pointed there.
+// A kWholeRunIo op's outputs for a whole run of kItems, gathered in `out`
+// (memory order) by the op's own store on a copy pointed there; `w` walks
+// the run from its first scan position (and ends past it).
 template <int kItems, typename Op>
-__device__ void whole_run_outputs(const Op& op, const Line& line, int64_t first,
+__device__ void whole_run_outputs(const Op& op, LineWalk& w, bool reverse,
                                   const StateOf<Op> (&incl)[kItems],
                                   const AuxOf<Op> (&aux)[kItems],
                                   typename Op::Storage (&out)[kItems]) {
   using T = typename Op::Storage;
-  LineWalk w = LineWalk::from<kItems>(line, first, line.len);
   Op view = op;
   view.for_each_output([&](T*& p) { p = out; });
 #pragma unroll
   for (int k = 0; k < kItems; ++k, w.advance()) store_state(view, k, w.l, incl[k], aux[k]);
-  if (line.reverse) reverse_run(out);
+  if (reverse) reverse_run(out);
 }
 
 // A kWholeRunIo op's single output array.
@@ -700,13 +699,13 @@ __device__ void store_whole_run(const Op& op, const Line& line, int64_t first,
                                 const StateOf<Op> (&incl)[kItems],
                                 const AuxOf<Op> (&aux)[kItems]) {
   using T = typename Op::Storage;
+  LineWalk w = LineWalk::from<kItems>(line, first, line.len);
   if (first + kItems <= line.len) {
     T out[kItems];
-    whole_run_outputs(op, line, first, incl, aux, out);
+    whole_run_outputs(op, w, line.reverse, incl, aux, out);
     store_vector(whole_run_output(op) + whole_run_at<kItems>(line, first), out);
     return;
   }
-  LineWalk w = LineWalk::from<kItems>(line, first, line.len);
   w.for_each_valid<kItems, false>([&](int k) { store_state(op, w.off, w.l, incl[k], aux[k]); });
 }
 

@@ -186,7 +186,8 @@ struct StagedWholeRunTiles {
       for (int j = 0; j < kVectors; ++j) {
         const int64_t first = run_first(p, j);
         T out[kElems];
-        whole_run_outputs(op, ln, first, part(items, j), aux_part(aux, j), out);
+        LineWalk w = LineWalk::from<kElems>(ln, first, ln.len);
+        whole_run_outputs(op, w, kReverse, part(items, j), aux_part(aux, j), out);
         memcpy(&staged[(whole_run_at<kElems>(ln, first) - p.first) / kElems], out, 16);
       }
       __syncthreads();
