@@ -177,6 +177,21 @@ struct StagedVector {
   }
 };
 
+// r[j] becomes r[(j + by) % 4], by selects (`by` may differ across a warp).
+__device__ inline void rotate_four(uint4 (&r)[4], int by) {
+  const auto pick = [](bool take_b, const uint4& a, const uint4& b) {
+    return make_uint4(take_b ? b.x : a.x, take_b ? b.y : a.y, take_b ? b.z : a.z,
+                      take_b ? b.w : a.w);
+  };
+  const bool one = by & 1, two = by & 2;
+  const uint4 b0 = pick(one, r[0], r[1]), b1 = pick(one, r[1], r[2]),
+              b2 = pick(one, r[2], r[3]), b3 = pick(one, r[3], r[0]);
+  r[0] = pick(two, b0, b2);
+  r[1] = pick(two, b1, b3);
+  r[2] = pick(two, b2, b0);
+  r[3] = pick(two, b3, b1);
+}
+
 // The run layout's run: kStagedVectors vectors, thread t's in scan order.
 //
 // Runs start 64 bytes apart, so the eight threads of a quarter warp, each
@@ -204,21 +219,8 @@ struct StagedRun {
   static __device__ Part& part(Acc (&v)[kLen], int j) {
     return *reinterpret_cast<Part*>(v + j * Vector::kElems);
   }
-  // r[j] becomes r[(j + by) % 4], by selects (`by` differs across a warp).
   static __device__ void rotate(uint4 (&r)[4], int by) {
-    if constexpr (kRotate) {
-      const auto pick = [](bool take_b, const uint4& a, const uint4& b) {
-        return make_uint4(take_b ? b.x : a.x, take_b ? b.y : a.y, take_b ? b.z : a.z,
-                          take_b ? b.w : a.w);
-      };
-      const bool one = by & 1, two = by & 2;
-      const uint4 b0 = pick(one, r[0], r[1]), b1 = pick(one, r[1], r[2]),
-                  b2 = pick(one, r[2], r[3]), b3 = pick(one, r[3], r[0]);
-      r[0] = pick(two, b0, b2);
-      r[1] = pick(two, b1, b3);
-      r[2] = pick(two, b2, b0);
-      r[3] = pick(two, b3, b1);
-    }
+    if constexpr (kRotate) rotate_four(r, by);
   }
 
   static __device__ void load(const Op& op, const StagedTile<typename Op::Storage>& t,

@@ -27,7 +27,9 @@
 // - the same at two blocks per SM: 186 and 151;
 // - tiles of 4096 float32 (16 elements a thread) and 4096 two-byte (16),
 //   two stages, two blocks per SM (128 registers, no spill): 151 and 104;
-// - two-byte tiles of 8192 (32 elements a thread) instead: 118.
+// - two-byte tiles of 8192 (32 elements a thread) instead: 118;
+// - float32 vectors read from the stage in a rotated order (below): 142
+//   (its forward-order kernel, untimed, then spills 20 bytes).
 // cumprod backward, whose runs also need each input's neighbours (staged
 // with a 16-byte granule either side of the tile), ran slower than its
 // long_rows kernel in every form tried (float32 181-222 us against 133,
@@ -139,6 +141,37 @@ struct StagedWholeRunTiles {
                        AuxOf<Op> (&aux)[kRunLen]) const {
     const Line ln = line(p);
     if (whole(p)) {
+      if constexpr (kVectors == 4) {
+        // A thread's four vectors of an input lie 64 bytes from the next
+        // thread's, so that a quarter warp reading its j-th vectors meets
+        // two of the eight 16-byte bank groups, four to a group: read in
+        // an order rotated by thread (as StagedRun does), the eight threads
+        // meet eight groups at every step, and the vectors are put back in
+        // registers. H100, launcher timer, float32 [1, 16M]: 150.1, 150.6
+        // -> 141.6, 142.8 us. Rotating the stores into the stage as well
+        // gained nothing more (141.3, 141.6) and doubled the forward-order
+        // kernel's spill (20 -> 40 bytes; without the rotation it has none).
+        const int rot = (threadIdx.x >> 1) & 3;
+        const int lowest = kReverse ? static_cast<int>(kTileLen / kElems) - 4 * (threadIdx.x + 1)
+                                    : 4 * threadIdx.x;
+        uint4 r[kArrays][4];
+#pragma unroll
+        for (int a = 0; a < kArrays; ++a) {
+          const uint4* v = reinterpret_cast<const uint4*>(tile_of(stage, a)) + lowest;
+#pragma unroll
+          for (int q = 0; q < 4; ++q) r[a][q] = v[(q + rot) & 3];
+          rotate_four(r[a], (4 - rot) & 3);
+        }
+#pragma unroll
+        for (int j = 0; j < kVectors; ++j) {
+          WholeRun<Op> run{};
+#pragma unroll
+          for (int a = 0; a < kArrays; ++a) run.input[a] = r[a][kReverse ? 3 - j : j];
+          unpack_whole_run<kElems>(op, ln, run_first(p, j), run, part(items, j),
+                                   aux_part(aux, j));
+        }
+        return;
+      }
 #pragma unroll
       for (int j = 0; j < kVectors; ++j) {
         const int64_t first = run_first(p, j);
