@@ -283,8 +283,8 @@ KernelStatus launch_staged_tiles(const Tiles& tiles_of, int64_t rows, void* work
   int64_t groups = ceil_div(tiles_of.tiles, kGroupTiles);
   LongRowsSlots<Total> slots = long_rows_slots<Total>(workspace, rows, tiles_of.tiles, groups);
   // The stages and the block's own shared memory pass the 48 KiB a block
-  // gets unasked; the three or four such blocks an SM holds
-  // (Tiles::kBlocksPerSm) need most of its shared memory.
+  // gets unasked; the blocks an SM holds (Tiles::kBlocksPerSm) need most of
+  // its shared memory.
   KernelStatus st = to_status(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
   if (st.is_ok()) {

@@ -37,7 +37,7 @@
 #pragma once
 
 #include <cstdint>
-#include <type_traits>
+#include <cstring>
 
 #include "common/hopper.cuh"
 #include "scan/scan_block.cuh"
@@ -209,27 +209,23 @@ struct StagedWholeRunTiles {
       store_inclusive_run<kRunLen>(op, ln, run_first(p, 0), scan_first(p) + p.valid, items);
       return;
     }
-    if constexpr (kVectors == 1) {
-      store_whole_run<kElems>(op, ln, run_first(p, 0), part(items, 0), aux_part(aux, 0));
-    } else {
-      // The outputs go where input 0's part of the tile was (each thread
-      // over its own vectors, read above).
-      uint4* staged = reinterpret_cast<uint4*>(tile_of(stage, 0));
+    // The outputs go where input 0's part of the tile was (each thread
+    // over its own vectors, read above).
+    uint4* staged = reinterpret_cast<uint4*>(tile_of(stage, 0));
 #pragma unroll
-      for (int j = 0; j < kVectors; ++j) {
-        const int64_t first = run_first(p, j);
-        T out[kElems];
-        LineWalk w = LineWalk::from<kElems>(ln, first, ln.len);
-        whole_run_outputs(op, w, kReverse, part(items, j), aux_part(aux, j), out);
-        memcpy(&staged[(whole_run_at<kElems>(ln, first) - p.first) / kElems], out, 16);
-      }
-      __syncthreads();
-      uint4* dst = reinterpret_cast<uint4*>(whole_run_output(op) + p.first);
+    for (int j = 0; j < kVectors; ++j) {
+      const int64_t first = run_first(p, j);
+      T out[kElems];
+      LineWalk w = LineWalk::from<kElems>(ln, first, ln.len);
+      whole_run_outputs(op, w, kReverse, part(items, j), aux_part(aux, j), out);
+      memcpy(&staged[(whole_run_at<kElems>(ln, first) - p.first) / kElems], out, 16);
+    }
+    __syncthreads();
+    uint4* dst = reinterpret_cast<uint4*>(whole_run_output(op) + p.first);
 #pragma unroll
-      for (int c = 0; c < kVectors; ++c) {
-        const int m = c * kScanBlock + threadIdx.x;
-        __stwb(dst + m, staged[m]);
-      }
+    for (int c = 0; c < kVectors; ++c) {
+      const int m = c * kScanBlock + threadIdx.x;
+      __stwb(dst + m, staged[m]);
     }
   }
 };
