@@ -170,13 +170,13 @@ struct StagedWholeRunTiles {
           unpack_whole_run<kElems>(op, ln, run_first(p, j), run, part(items, j),
                                    aux_part(aux, j));
         }
-        return;
-      }
+      } else {
 #pragma unroll
-      for (int j = 0; j < kVectors; ++j) {
-        const int64_t first = run_first(p, j);
-        unpack_whole_run<kElems>(op, ln, first, fetch(stage, p, ln, first), part(items, j),
-                                 aux_part(aux, j));
+        for (int j = 0; j < kVectors; ++j) {
+          const int64_t first = run_first(p, j);
+          unpack_whole_run<kElems>(op, ln, first, fetch(stage, p, ln, first), part(items, j),
+                                   aux_part(aux, j));
+        }
       }
     } else {
       load_run<kRunLen>(op, ln, run_first(p, 0), scan_first(p) + p.valid, items, aux);
