@@ -10,8 +10,8 @@
 // blocks, all resident at once (a cooperative launch), walk the tiles of
 // every row striped by block index -- block b takes tiles b, b + G, b + 2G,
 // ... of the rows' tiles in scan order -- and keep kStagedStages tiles a
-// block in shared memory or on their way, each requested from the bulk copy
-// engine as soon as its stage frees. A block folds its next tile and
+// block in shared memory or on their way (after the first few, each
+// requested from the bulk copy engine as soon as its stage frees). A block folds its next tile and
 // publishes that tile's total before it waits for the prefix of the tile it
 // scans: no tile's total ever waits for a prefix, and a tile waits only for
 // tiles with smaller indices, every one of them owned by a resident block.
@@ -521,15 +521,25 @@ __global__ void __launch_bounds__(kScanBlock, Tiles::kBlocksPerSm)
   const int64_t all = rows * tiles;
   const int64_t step = gridDim.x;
   auto stage_of = [&](int slot) { return stages + slot * Tiles::kStageBytes; };
+  // A block asks for its first tile alone, and for each of its next
+  // kStages - 1 only once the one before it is in. The first round's scans
+  // wait for every earlier block's first tile; asked for with every block's
+  // second and third at once, the last first tiles came in up to 13 us after
+  // the start (median 5), and memory idled behind them. H100, [1, 16M]
+  // cumsum: bfloat16 34.4 -> 32.8 us, float32 58.4 -> 55.3-56.6
+  // (benchmarks/RESULTS.md, with the block-by-block timeline).
   if (threadIdx.x == 0) {
     for (int s = 0; s < Tiles::kStages; ++s) mbarrier_init(&full[s], 1);
     mbarrier_init_fence();
-    for (int s = 0; s < Tiles::kStages; ++s) {
-      const int64_t g = blockIdx.x + s * step;
-      if (g < all) tiles_of.request(tiles_of.place(g), stage_of(s), &full[s]);
-    }
+    tiles_of.request(tiles_of.place(blockIdx.x), stage_of(0), &full[0]);
   }
   __syncthreads();
+  auto ask_ramp = [&](int k) {  // the block's k-th tile, its (k - 1)-th being in
+    const int64_t g = blockIdx.x + k * step;
+    if (threadIdx.x == 0 && k < Tiles::kStages && g < all) {
+      tiles_of.request(tiles_of.place(g), stage_of(k), &full[k]);
+    }
+  };
   auto publish = [&](const StagedPlace& p, const Total& total) {
     publish_staged_total(totals, total, ws.tile_totals + p.row * tiles,
                          ws.group_totals + p.row * groups, p.tile, groups, mark);
@@ -537,17 +547,19 @@ __global__ void __launch_bounds__(kScanBlock, Tiles::kBlocksPerSm)
   typename Tiles::Fold cur, next;
   StagedPlace here = tiles_of.place(blockIdx.x);
   mbarrier_wait(&full[0], 0);
+  ask_ramp(1);
   publish(here, tiles_of.fold(here, stage_of(0), cur));
   // Round i scans tile blockIdx.x + i * step from stage i % Tiles::kStages,
   // whose barrier is then in its (i / Tiles::kStages)-th phase.
-  int slot = 0, phase = 0;
-  for (int64_t g = blockIdx.x; g < all; g += step) {
+  int slot = 0, phase = 0, i = 0;
+  for (int64_t g = blockIdx.x; g < all; g += step, ++i) {
     const int next_slot = slot + 1 == Tiles::kStages ? 0 : slot + 1;
     const int next_phase = next_slot == 0 ? phase ^ 1 : phase;
     StagedPlace there{};
     if (g + step < all) {
       there = tiles_of.place(g + step);
       mbarrier_wait(&full[next_slot], next_phase);
+      ask_ramp(i + 2);
       publish(there, tiles_of.fold(there, stage_of(next_slot), next));
     }
     const Total prefix = staged_prefix(totals, ws.tile_totals + here.row * tiles,
