@@ -7,7 +7,9 @@
 # SCAN_DTYPE=bf16|f32 keeps one dtype; SCAN_X=bench draws every op's x as
 # the benchmark does (near 1); NVCC_ARCH (default 90a) picks the GPU
 # target; NVCC_FLAGS adds flags to the kernels' and the timer's compile (a
-# -D to try a variant: the timer sizes workspaces from the same plan);
+# -D to try a variant: the timer sizes workspaces from the same plan;
+# -DBARACUDA_STAGED_TIMELINE prints, after each case on the staged long
+# rows, where its blocks spend their time: scan/scan_staged_timeline.cuh);
 # TIMER_BIN (default build/scan_launch_timer) is where the program goes;
 # BUILD_ONLY=1 builds without running.
 set -euo pipefail

@@ -27,6 +27,7 @@
 #include "scan/scan_block.cuh"
 #include "scan/scan_plan.h"
 #include "scan/scan_publish.cuh"
+#include "scan/scan_staged_timeline.cuh"
 
 namespace baracuda {
 namespace scan {
@@ -516,6 +517,7 @@ __global__ void __launch_bounds__(kScanBlock, Tiles::kBlocksPerSm)
   using Total = typename Tiles::Total;
   const typename Tiles::Totals totals = tiles_of.totals();
   const int64_t tiles = tiles_of.tiles;
+  STAGED_STAMP(0);
   extern __shared__ __align__(128) unsigned char stages[];
   __shared__ __align__(8) uint64_t full[Tiles::kStages];
   const int64_t all = rows * tiles;
@@ -549,6 +551,7 @@ __global__ void __launch_bounds__(kScanBlock, Tiles::kBlocksPerSm)
   mbarrier_wait(&full[0], 0);
   ask_ramp(1);
   publish(here, tiles_of.fold(here, stage_of(0), cur));
+  STAGED_STAMP(1);
   // Round i scans tile blockIdx.x + i * step from stage i % Tiles::kStages,
   // whose barrier is then in its (i / Tiles::kStages)-th phase.
   int slot = 0, phase = 0, i = 0;
@@ -559,13 +562,17 @@ __global__ void __launch_bounds__(kScanBlock, Tiles::kBlocksPerSm)
     if (g + step < all) {
       there = tiles_of.place(g + step);
       mbarrier_wait(&full[next_slot], next_phase);
+      STAGED_STAMP(2 + 4 * i);
       ask_ramp(i + 2);
       publish(there, tiles_of.fold(there, stage_of(next_slot), next));
+      STAGED_STAMP(3 + 4 * i);
     }
     const Total prefix = staged_prefix(totals, ws.tile_totals + here.row * tiles,
                                        ws.group_totals + here.row * groups, here.tile, mark);
+    STAGED_STAMP(4 + 4 * i);
     tiles_of.scan(here, stage_of(slot), cur, prefix);
     __syncthreads();  // every thread is done with the stage
+    STAGED_STAMP(5 + 4 * i);
     if (threadIdx.x == 0 && g + Tiles::kStages * step < all) {
       tiles_of.request(tiles_of.place(g + Tiles::kStages * step), stage_of(slot), &full[slot]);
     }

@@ -1,0 +1,93 @@
+// A block-by-block timeline of the staged long rows (scan_staged_rows.cuh),
+// for finding where their time goes. Compiled in only with
+// -DBARACUDA_STAGED_TIMELINE, which the launcher timer takes through its
+// NVCC_FLAGS (benchmarks/scan_launch_timer.sh); the extension never defines
+// it, and then STAGED_STAMP is nothing. Included by scan.cu only.
+//
+// Thread 0 of each of the first kTimelineBlocks blocks writes %globaltimer
+// (nanoseconds) at mark 0 when the block starts, 1 when its first tile is
+// folded and published, and in its round i: 2 + 4i when the next tile's data
+// is in, 3 + 4i when that tile's fold is published, 4 + 4i when the scanned
+// tile's prefix is in, 5 + 4i when the tile is scanned. The stamps cost the
+// kernel a few microseconds a call. print_staged_timeline() summarises the
+// last launch: for each mark, the spread over the blocks of its time since
+// the first block's start. The device array lives in scan.cu's translation
+// unit, which alone includes this file, so the two host functions are
+// defined here, not inline, for the timer to declare and call.
+#pragma once
+
+#ifdef BARACUDA_STAGED_TIMELINE
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+namespace baracuda {
+namespace scan {
+
+constexpr int kTimelineBlocks = 1024;
+constexpr int kTimelineRounds = 24;
+constexpr int kTimelineMarks = 2 + 4 * kTimelineRounds;
+
+__device__ unsigned long long staged_timeline[kTimelineBlocks][kTimelineMarks];
+
+__device__ inline void stamp_staged(int mark) {
+  if (threadIdx.x != 0 || blockIdx.x >= kTimelineBlocks || mark >= kTimelineMarks) return;
+  unsigned long long now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  staged_timeline[blockIdx.x][mark] = now;
+}
+
+// Zeroes the stamps, in stream order on the default stream: a block that
+// does not reach a mark leaves it 0.
+void clear_staged_timeline() {
+  void* stamps = nullptr;
+  if (cudaGetSymbolAddress(&stamps, staged_timeline) == cudaSuccess) {
+    cudaMemsetAsync(stamps, 0, sizeof(staged_timeline));
+  }
+}
+
+void print_staged_timeline() {
+  std::vector<unsigned long long> h(size_t{kTimelineBlocks} * kTimelineMarks);
+  if (cudaMemcpyFromSymbol(h.data(), staged_timeline, h.size() * sizeof(h[0])) != cudaSuccess) {
+    std::printf("timeline: not readable\n");
+    return;
+  }
+  auto at = [&](int b, int mark) { return h[size_t(b) * kTimelineMarks + mark]; };
+  int blocks = 0;
+  while (blocks < kTimelineBlocks && at(blocks, 0) != 0) ++blocks;
+  if (blocks == 0) return;
+  unsigned long long t0 = at(0, 0);
+  for (int b = 1; b < blocks; ++b) t0 = std::min(t0, at(b, 0));
+  auto line = [&](const char* what, int round, int mark) {
+    std::vector<double> us;
+    for (int b = 0; b < blocks; ++b) {
+      if (at(b, mark) >= t0 && at(b, mark) != 0) us.push_back((at(b, mark) - t0) / 1e3);
+    }
+    if (us.empty()) return false;
+    std::sort(us.begin(), us.end());
+    const size_t n = us.size();
+    std::printf("  %-22s r%-3d n=%4zu min %7.2f p10 %7.2f med %7.2f p90 %7.2f max %7.2f us\n",
+                what, round, n, us[0], us[n / 10], us[n / 2], us[n * 9 / 10], us[n - 1]);
+    return true;
+  };
+  std::printf("timeline of %d blocks, us from the first block's start\n", blocks);
+  line("block start", 0, 0);
+  line("first fold published", 0, 1);
+  for (int r = 0; r < kTimelineRounds; ++r) {
+    line("next tile in", r, 2 + 4 * r);
+    line("fold ahead published", r, 3 + 4 * r);
+    line("prefix in", r, 4 + 4 * r);
+    if (!line("tile scanned", r, 5 + 4 * r)) break;
+  }
+}
+
+}  // namespace scan
+}  // namespace baracuda
+
+#define STAGED_STAMP(mark) ::baracuda::scan::stamp_staged(mark)
+#else
+#define STAGED_STAMP(mark) ((void)0)
+#endif
