@@ -29,8 +29,7 @@
 //              and publish each tile's total a tile ahead of its scan; the
 //              same for float32 / two-byte logcumsumexp backward, its three
 //              inputs staged in tiles of 4096 (scan_staged_whole_runs.cuh).
-//              Or,
-//              for other two-byte logcumsumexp forward rows of whole
+//              Or, for other two-byte logcumsumexp forward rows of whole
 //              segments, segments enough (scan_segments.cuh: likewise): segment
 //              totals, their scan, then the segments as rows from those
 //              carries.

@@ -11,10 +11,11 @@
 // every row striped by block index -- block b takes tiles b, b + G, b + 2G,
 // ... of the rows' tiles in scan order -- and keep kStagedStages tiles a
 // block in shared memory or on their way (after the first few, each
-// requested from the bulk copy engine as soon as its stage frees). A block folds its next tile and
-// publishes that tile's total before it waits for the prefix of the tile it
-// scans: no tile's total ever waits for a prefix, and a tile waits only for
-// tiles with smaller indices, every one of them owned by a resident block.
+// requested from the bulk copy engine as soon as its stage frees). A block
+// folds its next tile and publishes that tile's total before it waits for
+// the prefix of the tile it scans: no tile's total ever waits for a prefix,
+// and a tile waits only for tiles with smaller indices, every one of them
+// owned by a resident block.
 // The prefix is folded from the published totals in tile_prefix's order
 // (scan_publish.cuh), so results are bit-identical run to run.
 #pragma once
