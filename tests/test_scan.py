@@ -1119,6 +1119,54 @@ def test_long_rows_cummax_cummin_tile_edges_on_cuda(dtype, name):
             torch.testing.assert_close(got, ref, **tol(dtype, shape[1]))
 
 
+def keyed_rows_patterns(n):
+    """Four rows of n for cummax: records (each above all before it, the
+    values falling in between) on and next to the keyed long rows' tile
+    edges (4096), the same flipped, one falling run (every index 0 forward),
+    one rising run (every index n - 1 in reverse)."""
+    i = torch.arange(n, dtype=torch.float64)
+    marks = [p for p in (0, 4095, 4096, 4097, 8191, 3 * 4096 - 1, n // 2, n - 4096, n - 1)
+             if 0 <= p < n]
+    level = torch.zeros(n, dtype=torch.float64)
+    for p in marks:
+        level[p:] += 1
+    stairs = level * 4 * n - i
+    return torch.stack([stairs, stairs.flip(0), -i, i])
+
+
+# cummax / cummin backward on aligned long rows scan each tile alone and
+# then fix, in a second kernel, the one element per tile whose run comes in
+# from the tiles before (scan_keyed_rows.cuh). Runs that end on and next to
+# tile edges, or span every tile of a row, in both directions, on rows of
+# whole tiles, of a ragged last tile, several rows at once and one row of
+# an odd length; integer gradients, so float32 and float64 sums are exact
+# and must equal the reference bit for bit (a carry missed or joined twice
+# shows however small); reruns bit-identical; the gradient's every element
+# written over a poisoned allocator.
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("name", EXTREME)
+def test_keyed_long_rows_carries_on_cuda(dtype, name):
+    g = torch.Generator().manual_seed(31)
+    sign = 1 if name == "cummax" else -1
+    for n in (300000, 4 * 4096 + 8, 3 * 4096, 70001):
+        rows = sign * keyed_rows_patterns(n)
+        for x in [rows] + [rows[k:k + 1] for k in range(4)]:
+            assert bt.scan_path(torch.empty(x.shape, device="meta"), -1) == "long_rows"
+            x = x.to(dtype).cuda()
+            dy = torch.randint(-4, 5, x.shape, generator=g).to(dtype).cuda()
+            for reverse in (False, True):
+                check(name, x, -1, reverse)
+                poison_allocator(x.device, 2 * x.numel())
+                got = our_grad(name, x, -1, reverse, dy)
+                assert torch.equal(our_grad(name, x, -1, reverse, dy), got)
+                ref = reference_grad(name, x, -1, reverse, dy)
+                if dtype == torch.bfloat16:
+                    torch.testing.assert_close(got.double().cpu(), ref, **tol(dtype, n))
+                else:
+                    assert torch.equal(got.double().cpu(), ref)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("reverse", [False, True])
 def test_staged_long_rows_in_cuda_graph(reverse):

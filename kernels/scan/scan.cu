@@ -17,6 +17,7 @@
 #include "scan/scan_block.cuh"
 #include "scan/scan_dispatch.h"
 #include "scan/scan_kernels.h"
+#include "scan/scan_keyed_rows.cuh"
 #include "scan/scan_plan.h"
 #include "scan/scan_publish.cuh"
 #include "scan/scan_row_groups.cuh"
@@ -601,6 +602,7 @@ KernelStatus launch(const Op& op, const ScanShape& s, bool reverse, void* worksp
     case ScanPath::kLongRows: {
       KernelStatus st = KernelStatus::ok();
       if (launch_staged_rows(op, s, reverse, workspace, stream, st)) return st;
+      if (launch_keyed_rows(op, s, reverse, workspace, stream, st)) return st;
       if (launch_segmented_rows(op, s, reverse, workspace, plan.workspace_bytes, stream, st)) {
         return st;
       }

@@ -29,6 +29,11 @@
 //              and publish each tile's total a tile ahead of its scan; the
 //              same for float32 / two-byte logcumsumexp backward, its three
 //              inputs staged in tiles of 4096 (scan_staged_whole_runs.cuh).
+//              Or, for cummax / cummin backward on 16-byte aligned rows
+//              (scan_keyed_rows.cuh: likewise), every tile scanned alone
+//              and the one element per tile whose run comes in from the
+//              tiles before rewritten by a second kernel, after a scan of
+//              the tiles' totals.
 //              Or, for other two-byte logcumsumexp forward rows of whole
 //              segments, segments enough (scan_segments.cuh: likewise): segment
 //              totals, their scan, then the segments as rows from those
