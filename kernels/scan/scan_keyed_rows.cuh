@@ -99,8 +99,8 @@ struct KeyedTile {
   // The tile's first element in scan order.
   __device__ int64_t lead() const { return kReverse ? first + valid - 1 : first; }
 
-  // The warp's keys pass through shared memory (`stage`, kKeyedStageVectors
-  // of them a block): read straight, each thread's 128 bytes at 128 bytes
+  // The warp's keys pass through shared memory (`stage`, kKeyedTileLen / 2
+  // vectors a block): read straight, each thread's 128 bytes at 128 bytes
   // from the next thread's, every load touched 32 cache lines, and the L1
   // pipe ran 96 % busy (bfloat16 [1, 16M], H100). Read coalesced, written
   // to shared memory each thread's run together with its vectors' order
@@ -296,11 +296,9 @@ bool launch_keyed_rows(const Op& op, const ScanShape& s, bool reverse, void* wor
   if constexpr (IsExtremeBackward<Op>::value) {
     static_assert(sizeof(KeyedRecordOf<Op>) <= kFlaggedSlotBytes,
                   "a record fits the long_rows slot of a tile of kTileLen");
-    const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
     // A row of a multiple of 8 elements spans whole vectors of keys and of
     // any float type.
-    if (!aligned(op.dy) || !aligned(op.indices) || !aligned(op.dx) ||
-        (s.outer > 1 && s.len % 8 != 0)) {
+    if (!arrays_aligned16<true>(op, 0) || (s.outer > 1 && s.len % 8 != 0)) {
       return false;
     }
     const int64_t tiles = ceil_div(s.len, kKeyedTileLen);
