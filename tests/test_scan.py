@@ -1125,7 +1125,8 @@ def keyed_rows_patterns(n):
     edges (4096), the same flipped, one falling run (every index 0 forward),
     one rising run (every index n - 1 in reverse)."""
     i = torch.arange(n, dtype=torch.float64)
-    marks = [p for p in (0, 4095, 4096, 4097, 8191, 3 * 4096 - 1, n // 2, n - 4096, n - 1)
+    edges = (4096 * 4096 - 1, 4096 * 4096, 4096 * 4097 - 1)  # where the fix-up's passes meet
+    marks = [p for p in (0, 4095, 4096, 4097, 8191, 3 * 4096 - 1, n // 2, n - 4096, n - 1) + edges
              if 0 <= p < n]
     level = torch.zeros(n, dtype=torch.float64)
     for p in marks:
@@ -1165,6 +1166,23 @@ def test_keyed_long_rows_carries_on_cuda(dtype, name):
                     torch.testing.assert_close(got.double().cpu(), ref, **tol(dtype, n))
                 else:
                     assert torch.equal(got.double().cpu(), ref)
+
+
+# The fix-up scans a row's tile records 4096 at a time: rows of more than
+# 4096 tiles (16M elements) carry from one such pass to the next. Runs end
+# on and next to where two passes meet; integer gradients, exact.
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", EXTREME)
+def test_keyed_long_rows_fixup_passes_on_cuda(name):
+    n = 4096 * 4101 + 5
+    sign = 1 if name == "cummax" else -1
+    x = (sign * keyed_rows_patterns(n)[:2]).cuda()  # float64: every value exact
+    assert bt.scan_path(torch.empty(x.shape, device="meta"), -1) == "long_rows"
+    dy = torch.randint(-4, 5, x.shape, generator=torch.Generator().manual_seed(37)).double().cuda()
+    for reverse in (False, True):
+        poison_allocator(x.device, 2 * x.numel())
+        got = our_grad(name, x, -1, reverse, dy)
+        assert torch.equal(got.double().cpu(), reference_grad(name, x, -1, reverse, dy))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -20,8 +20,14 @@
 // each thread's keys read straight from memory: 116.5 and 98.8 (the fix-up
 // reading its records one at a time), 118.8 and 101.7 (eight at a time);
 // with the keys through shared memory and the fix-up's first 16 records
-// kept in registers, as now: 108.7 and 87.9. A row of 16M still takes
-// 8-9 us more than four rows of 4M (100.7, 79.2), not taken apart.
+// kept in registers: 108.7 and 87.9, a row of 16M 8-9 us slower than four
+// rows of 4M (100.7, 79.2). That was the fix-up: its records, read as four
+// 4-byte loads each, every load 256 bytes from the next thread's, took it
+// 17.5 us on a row of 16M (4096 records) and 7.0 on rows of 4M (ncu, warm
+// L2, bfloat16). With 16-byte records read in one load each, as now:
+// 102.4 and 81.6 on [1, 16M], 99.7 and 78.4 on [4, 4M]. (A fix-up whose
+// warps each scanned chunks of 32 records loaded coalesced took 14 us on
+// either shape, and [4, 4M] ran 5-6 us slower: not kept.)
 #pragma once
 
 #include <cstdint>
@@ -53,9 +59,10 @@ constexpr int kKeyedRunLen = 16;
 constexpr int kFixupBatch = 16;
 constexpr int64_t kKeyedTileLen = int64_t{kScanBlock} * kKeyedRunLen;
 
-// What a tile leaves for the second kernel.
+// What a tile leaves for the second kernel; 16-byte aligned, so that the
+// fix-up reads each in one load rather than four of 4 bytes.
 template <typename Acc, typename Pos>
-struct KeyedTileRecord {
+struct alignas(16) KeyedTileRecord {
   KeyedSum<Acc, Pos> total;  // the tile's keyed sum, in scan order
   Pos fix_at;  // where its leading run ends, if inside the tile; else -1
   Acc local;   // the leading run's sum there, within the tile
