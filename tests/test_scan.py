@@ -1087,12 +1087,16 @@ def test_staged_logcumsumexp_backward_on_cuda(dtype):
             torch.testing.assert_close(got, unstaged, **tol(dtype, shape[1]), equal_nan=True)
 
 
-# cummax / cummin on the same long rows (the long_rows kernel: their
-# value-position states are not staged). Values on a coarse grid, so that
-# ties abound (a later tie wins, as in torch), infinities in the first row,
-# NaNs in the last on both sides of positions 2048 apart, where the
-# kernel's tiles of one chunk (float64) and of two meet (a NaN takes over
-# from there on, the last NaN winning); the gradients follow the indices.
+# cummax / cummin on the same long rows: the forward staged on compute
+# capability 9.0 and up for float32 and two-byte elements (tiles of 4096,
+# a thread scanning 16, scan_staged_extremes.cuh), the long_rows kernel for
+# float64 and for rows that start off a 16-byte boundary, which must give
+# the very same values and indices. Values on a coarse grid, so that ties
+# abound (a later tie wins, as in torch), infinities in the first row, NaNs
+# in the last on both sides of positions 2048 apart, where tiles of 2048
+# (the long_rows kernel on float64) and of 4096 meet (a NaN takes over from
+# there on, the last NaN winning); the outputs are written over a poisoned
+# allocator; the gradients follow the indices.
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64],
                          ids=str)
@@ -1109,11 +1113,15 @@ def test_long_rows_cummax_cummin_tile_edges_on_cuda(dtype, name):
         x = x.to(dtype).cuda()
         dy = torch.randn(shape, generator=g).to(dtype).cuda()
         for reverse in (False, True):
+            poison_allocator(x.device, 2 * x.numel())
             check(name, x, -1, reverse)
             values, indices = ours(name, x, -1, reverse)
             again = ours(name, x, -1, reverse)
             assert torch.equal(again[1], indices)
             torch.testing.assert_close(again[0], values, rtol=0, atol=0, equal_nan=True)
+            unaligned = ours(name, off_boundary(x), -1, reverse)
+            assert torch.equal(unaligned[1], indices)
+            torch.testing.assert_close(unaligned[0], values, rtol=0, atol=0, equal_nan=True)
             got = our_grad(name, x, -1, reverse, dy).double().cpu()
             ref = reference_grad(name, x, -1, reverse, dy)
             torch.testing.assert_close(got, ref, **tol(dtype, shape[1]))

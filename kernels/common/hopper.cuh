@@ -95,6 +95,15 @@ __device__ inline void bulk_copy_to_shared(void* dst, const void* src, uint32_t 
       : "memory");
 }
 
+// Orders the calling thread's earlier shared-memory accesses (generic
+// proxy) before bulk copies issued after a later barrier (async proxy): a
+// stage written by threads and then refilled by the copy engine.
+__device__ inline void fence_proxy_async_shared() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
 // One box of a 4-D tensor map into shared memory (1024-byte aligned for the
 // 128-byte swizzle); completion is counted on `bar` in bytes. Coordinates are
 // in elements, innermost first; out-of-range parts of the box read as zero.

@@ -454,6 +454,8 @@ struct ExtremeForward : ExtremeCombine<Acc, Pos, kMax> {
   static constexpr int kInputBytes = sizeof(T);
   template <typename F> BHD void for_each_input(F&& f) { f(x); }
   template <typename F> BHD void for_each_input(F&& f) const { f(x); }
+  template <typename F> BHD void for_each_output(F&& f) { f(y), f(indices); }
+  template <typename F> BHD void for_each_output(F&& f) const { f(y), f(indices); }
   BHD State load(int64_t off, int64_t l) const {
     return {to_acc<Acc>(x[off]), static_cast<Pos>(l)};
   }
