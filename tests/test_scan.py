@@ -1261,10 +1261,10 @@ def test_staged_rows_standing_slots_back_to_back_on_cuda():
 # (long_rows, column_tiles): on compute capability 9.0 and up both kernels
 # launch programmatically, each allowed to start before the one ahead ends.
 # long_rows here for logcumsumexp and cummax (rows of aligned starts take the
-# staged kernel, with a memset, for cumsum and logcumsumexp: these
-# logcumsumexp rows are an odd number of elements long), column_tiles for
-# cumsum along dim 0.
-WORKSPACE_CASES = [("logcumsumexp", (2, (1 << 20) + 1), 1), ("cummax", (2, 1 << 20), 1),
+# staged kernel, with a memset, for cumsum, logcumsumexp and float32 cummax:
+# these rows are an odd number of elements long), column_tiles for cumsum
+# along dim 0.
+WORKSPACE_CASES = [("logcumsumexp", (2, (1 << 20) + 1), 1), ("cummax", (2, (1 << 20) + 1), 1),
                    ("cumsum", (1100, 1024), 0)]
 
 
