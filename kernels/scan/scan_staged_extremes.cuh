@@ -20,8 +20,9 @@
 // Measured on H100 (launcher timer, benchmarks/RESULTS.md), cummax forward
 // against the long_rows kernel, µs: float32 [1, 16M] 150.0 -> 139.0,
 // [64, 256K] 140.3 -> 131.0, [1, 4M] 46.9 -> 39.8, at three blocks per SM
-// (80 registers, up to 44 bytes of spill). At four (64 registers) the scan spilled and took 290;
-// two were slower again (on an H200: 127.3 at three, 144.7 at two).
+// (80 registers, up to 44 bytes of spill). At four (64 registers) the scan
+// spilled more and took 290; two were slower again (on an H200: 127.3 at
+// three, 144.7 at two).
 // bfloat16 [1, 16M] took 131.1 against the long_rows kernel's 123.4, and
 // stays there, as float16 does; so does float64.
 #pragma once
@@ -220,7 +221,7 @@ struct StagedExtremeTiles {
     const int lane = threadIdx.x % 32;
     const int r = run_in_warp();
     const int64_t warp_at = p.first + int64_t{warp_first()} * R;  // the warp's first element
-    const int64_t run_at = p.first - p.row * len + int64_t{warp_first() + r} * R;
+    const int64_t run_at = run_position(p);
     uint4* part = reinterpret_cast<uint4*>(stage) + warp_first() * kVectors;
     __syncwarp();  // every thread of the warp has read its x
 #pragma unroll
