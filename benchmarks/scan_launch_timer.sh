@@ -11,7 +11,8 @@
 # -DBARACUDA_STAGED_TIMELINE prints, after each case on the staged long
 # rows, where its blocks spend their time: scan/scan_staged_timeline.cuh;
 # -DBARACUDA_LONG_ROWS_NO_PREFIX scans every tile of the long_rows kernel
-# from the identity, results wrong, to measure what its look-back costs);
+# and of the staged long rows from the identity, results wrong, to measure
+# what their look-back costs);
 # TIMER_BIN (default build/scan_launch_timer) is where the program goes;
 # BUILD_ONLY=1 builds without running.
 set -euo pipefail

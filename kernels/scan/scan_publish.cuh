@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "common/cp_async.cuh"
 #include "scan/scan_block.cuh"
 #include "scan/scan_plan.h"
 
@@ -114,19 +115,17 @@ __device__ void publish_flagged(FlaggedState<State>* slot, const State& value,
   }
 }
 
-// One attempt: true, with the state in `out`, if it is out.
+// The state in `out` from a slot's words; true if it is out.
 template <typename State>
-__device__ bool try_read_flagged(const FlaggedState<State>* slot, State& out,
-                                 uint64_t mark = kZeroedSlotsMark) {
+__device__ bool unpack_flagged(const uint4 (&words)[FlaggedState<State>::kWords], State& out,
+                               uint64_t mark) {
   StateWords<State> v;
   bool ready = true;
 #pragma unroll
   for (int w = 0; w < FlaggedState<State>::kWords; ++w) {
-    unsigned int lo, hi;
-    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(lo), "=r"(hi), "=r"(v.u[2 * w]), "=r"(v.u[2 * w + 1])
-                 : "l"(slot->words + w)
-                 : "memory");
+    const unsigned int lo = words[w].x, hi = words[w].y;
+    v.u[2 * w] = words[w].z;
+    v.u[2 * w + 1] = words[w].w;
     // Zeroed slots hold no mark but 1, so there the low half alone decides
     // (where the mark is that constant, as in long_rows, the test compiles
     // to what it was before marks).
@@ -134,6 +133,45 @@ __device__ bool try_read_flagged(const FlaggedState<State>* slot, State& out,
   }
   out = v.state;
   return ready;
+}
+
+// One attempt: true, with the state in `out`, if it is out.
+template <typename State>
+__device__ bool try_read_flagged(const FlaggedState<State>* slot, State& out,
+                                 uint64_t mark = kZeroedSlotsMark) {
+  uint4 words[FlaggedState<State>::kWords];
+#pragma unroll
+  for (int w = 0; w < FlaggedState<State>::kWords; ++w) {
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(words[w].x), "=r"(words[w].y), "=r"(words[w].z), "=r"(words[w].w)
+                 : "l"(slot->words + w)
+                 : "memory");
+  }
+  return unpack_flagged(words, out, mark);
+}
+
+// A read of a flagged state put in flight now and looked at later:
+// issue_flagged_read copies the slot's words into `own`, the thread's copy
+// in shared memory, by cp.async, so that the round trip to L2 runs under
+// whatever the thread does before it waits, and no register is held for it
+// meanwhile. wait_flagged_read takes the copy, or if the state was not out
+// yet when it was copied, reads the slot again until it is.
+template <typename State>
+__device__ void issue_flagged_read(FlaggedState<State>* own, const FlaggedState<State>* slot) {
+#pragma unroll
+  for (int w = 0; w < FlaggedState<State>::kWords; ++w) cp_async16(own->words + w, slot->words + w);
+  cp_async_commit();
+}
+
+template <typename State>
+__device__ State wait_flagged_read(const FlaggedState<State>* own,
+                                   const FlaggedState<State>* slot, uint64_t mark) {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+  State out;
+  if (unpack_flagged(own->words, out, mark)) return out;
+  while (!try_read_flagged(slot, out, mark)) {
+  }
+  return out;
 }
 
 // Where long_rows keeps its ticket counter and published totals (the layout
@@ -160,12 +198,12 @@ LongRowsSlots<State> long_rows_slots(void* workspace, int64_t rows, int64_t tile
 
 // Folds published states [begin, end) in order, kBatch loads in flight at a
 // time (the spin of one does not hold back the loads of the others).
+// fold_published_onto folds them onto `acc`.
 template <typename Op, int kBatch = 2>
-__device__ StateOf<Op> fold_published(const Op& op, const FlaggedState<StateOf<Op>>* slots,
-                                      int64_t begin, int64_t end,
-                                      uint64_t mark = kZeroedSlotsMark) {
+__device__ StateOf<Op> fold_published_onto(const Op& op, StateOf<Op> acc,
+                                           const FlaggedState<StateOf<Op>>* slots, int64_t begin,
+                                           int64_t end, uint64_t mark) {
   using State = StateOf<Op>;
-  State acc = op.identity();
   for (int64_t k0 = begin; k0 < end; k0 += kBatch) {
     State v[kBatch];
     bool ready[kBatch];
@@ -186,6 +224,13 @@ __device__ StateOf<Op> fold_published(const Op& op, const FlaggedState<StateOf<O
     }
   }
   return acc;
+}
+
+template <typename Op, int kBatch = 2>
+__device__ StateOf<Op> fold_published(const Op& op, const FlaggedState<StateOf<Op>>* slots,
+                                      int64_t begin, int64_t end,
+                                      uint64_t mark = kZeroedSlotsMark) {
+  return fold_published_onto<Op, kBatch>(op, op.identity(), slots, begin, end, mark);
 }
 
 // The in-order fold of one value per lane of a warp, in every lane. Scaled
@@ -225,15 +270,22 @@ __device__ StateOf<Op> fold_group_tiles(const Op& op, const FlaggedState<StateOf
 
 // The in-order fold of the totals of groups [0, group), warps 1 and up: each
 // lane a fixed run of them, then the warp's lanes in order.
+struct SlotRange {
+  int64_t begin, end;
+};
+__device__ inline SlotRange earlier_groups_of_thread(int64_t group) {
+  constexpr int kReaders = (kScanBlock / 32 - 1) * 32;
+  const int64_t per = (group + kReaders - 1) / kReaders;
+  const int64_t begin = int64_t(threadIdx.x - 32) * per;
+  return {begin, begin + per < group ? begin + per : group};
+}
+
 template <typename Op>
 __device__ StateOf<Op> fold_earlier_groups(const Op& op,
                                            const FlaggedState<StateOf<Op>>* row_groups,
                                            int64_t group, uint64_t mark = kZeroedSlotsMark) {
-  constexpr int kReaders = (kScanBlock / 32 - 1) * 32;
-  const int64_t per = (group + kReaders - 1) / kReaders;
-  const int64_t begin = int64_t(threadIdx.x - 32) * per;
-  const int64_t end = begin + per < group ? begin + per : group;
-  return fold_published(op, row_groups, begin, end, mark);
+  const SlotRange r = earlier_groups_of_thread(group);
+  return fold_published(op, row_groups, r.begin, r.end, mark);
 }
 
 // Joins each warp's fold (lane 0's) behind one barrier: the earlier groups'

@@ -87,6 +87,7 @@ struct StagedExtremeTiles {
   static constexpr int kIndexTurns = 32 / kIndexRunsPerTurn;
   static constexpr int kBlocksPerSm = 3;  // see the measurements above
   static constexpr int kStages = kStagedStages;
+  static constexpr bool kEarlyPrefix = true;  // its fold is long
   static_assert(kTileLen >= ::baracuda::kTileLen, "the workspace holds a slot per tile");
   static_assert(sizeof(Total) == sizeof(State), "the tiles publish the op's own states");
 

@@ -462,6 +462,62 @@ __device__ StateOf<Op> staged_prefix(const Op& op, const FlaggedState<StateOf<Op
   return join_prefix_folds(op, v);
 }
 
+// The same, read in two steps, for tiles whose fold is long enough to hide
+// a round trip to L2 (Tiles::kEarlyPrefix). start_staged_prefix puts the
+// thread's first read in flight into its copy in `reads` (warp 0: its
+// lane's earlier tile of the group; the other warps: the first of their run
+// of earlier groups) before the next tile is folded; finish_staged_prefix
+// waits for it, reads the rest and joins the warps' folds. The slots a
+// thread reads:
+template <typename State>
+struct StagedPrefixSlots {
+  const FlaggedState<State>* slots;
+  SlotRange range;  // of `slots`, this thread's
+};
+
+template <typename State>
+__device__ StagedPrefixSlots<State> staged_prefix_slots(const FlaggedState<State>* row_tiles,
+                                                        const FlaggedState<State>* row_groups,
+                                                        int64_t tile) {
+  const int64_t group = tile / kGroupTiles;
+  if (threadIdx.x < 32) {
+    const int64_t lane = threadIdx.x;
+    const int64_t earlier = tile - group * kGroupTiles;
+    return {row_tiles + group * kGroupTiles, {lane, lane < earlier ? lane + 1 : lane}};
+  }
+  return {row_groups, earlier_groups_of_thread(group)};
+}
+
+template <typename State>
+__device__ void start_staged_prefix(FlaggedState<State> (&reads)[kScanBlock],
+                                    const FlaggedState<State>* row_tiles,
+                                    const FlaggedState<State>* row_groups, int64_t tile) {
+  const StagedPrefixSlots<State> mine = staged_prefix_slots(row_tiles, row_groups, tile);
+  if (mine.range.begin < mine.range.end) {
+    issue_flagged_read(&reads[threadIdx.x], mine.slots + mine.range.begin);
+  }
+}
+
+template <typename Op>
+__device__ StateOf<Op> finish_staged_prefix(const Op& op,
+                                            const FlaggedState<StateOf<Op>> (&reads)[kScanBlock],
+                                            const FlaggedState<StateOf<Op>>* row_tiles,
+                                            const FlaggedState<StateOf<Op>>* row_groups,
+                                            int64_t tile, uint64_t mark) {
+  using State = StateOf<Op>;
+  const StagedPrefixSlots<State> mine = staged_prefix_slots(row_tiles, row_groups, tile);
+  State v = op.identity();
+  if (mine.range.begin < mine.range.end) {
+    const State got =
+        wait_flagged_read(&reads[threadIdx.x], mine.slots + mine.range.begin, mark);
+    // Warp 0 takes its tile's total as it is, the others fold onto the
+    // identity (fold_group_tiles, fold_earlier_groups).
+    v = threadIdx.x < 32 ? got : op.combine(v, got);
+    v = fold_published_onto(op, v, mine.slots, mine.range.begin + 1, mine.range.end, mark);
+  }
+  return join_prefix_folds(op, fold_warp(op, v));
+}
+
 // Blocks per SM: four, as many as the stages' shared memory allows, where
 // the registers of float states fit; float64 states take three, and so do
 // runs (80 registers). H100, logcumsumexp [1, 16M] before the rotation
@@ -473,10 +529,12 @@ constexpr int kStagedBlocksPerSm = kStagedRuns<Op> || sizeof(StateOf<Op>) > 4 ? 
 
 // The tiles of the ops above: a tile of one array staged whole, folded and
 // scanned in the vector or the run layout. A staged kernel's tiles (this
-// one, or StagedWholeRunTiles, scan_staged_whole_runs.cuh) say how a tile is
-// placed (place), asked of the copy engine (request: thread 0 only), folded
-// into what its scan needs (fold, every thread; returns its total) and
-// scanned from everything before it and stored (scan).
+// one, StagedWholeRunTiles, scan_staged_whole_runs.cuh, or
+// StagedExtremeTiles, scan_staged_extremes.cuh) say how a tile is placed
+// (place), asked of the copy engine (request: thread 0 only), folded into
+// what its scan needs (fold, every thread; returns its total) and scanned
+// from everything before it and stored (scan); and whether the reads of a
+// tile's prefix go out before the next tile's fold (kEarlyPrefix).
 template <typename Op, bool kReverse>
 struct StagedPlainTiles {
   using Totals = TotalsOf<Op>;
@@ -486,6 +544,11 @@ struct StagedPlainTiles {
   static constexpr int kStageBytes = kStagedTileBytes;
   static constexpr int kBlocksPerSm = kStagedBlocksPerSm<Op>;
   static constexpr int kStages = kStagedStages;
+  // Only the run layout's fold (logcumsumexp forward) is long enough to
+  // hide the prefix's reads. H100, [1, 16M], launcher timer: logcumsumexp
+  // forward float32 73.5-73.8 -> 72.2-73.5 us; cumsum forward, where the
+  // reads went out early too, float32 55.9 -> 60.0, bfloat16 33.1 -> 35.9.
+  static constexpr bool kEarlyPrefix = kStagedRuns<Op>;
   Op op;
   int64_t len, tiles;
 
@@ -521,6 +584,7 @@ __global__ void __launch_bounds__(kScanBlock, Tiles::kBlocksPerSm)
   STAGED_STAMP(0);
   extern __shared__ __align__(128) unsigned char stages[];
   __shared__ __align__(8) uint64_t full[Tiles::kStages];
+  __shared__ FlaggedState<Total> prefix_reads[Tiles::kEarlyPrefix ? kScanBlock : 1];
   const int64_t all = rows * tiles;
   const int64_t step = gridDim.x;
   auto stage_of = [&](int slot) { return stages + slot * Tiles::kStageBytes; };
@@ -557,6 +621,11 @@ __global__ void __launch_bounds__(kScanBlock, Tiles::kBlocksPerSm)
   // whose barrier is then in its (i / Tiles::kStages)-th phase.
   int slot = 0, phase = 0, i = 0;
   for (int64_t g = blockIdx.x; g < all; g += step, ++i) {
+    const auto row_tiles = ws.tile_totals + here.row * tiles;
+    const auto row_groups = ws.group_totals + here.row * groups;
+    if constexpr (Tiles::kEarlyPrefix) {
+      start_staged_prefix(prefix_reads, row_tiles, row_groups, here.tile);
+    }
     const int next_slot = slot + 1 == Tiles::kStages ? 0 : slot + 1;
     const int next_phase = next_slot == 0 ? phase ^ 1 : phase;
     StagedPlace there{};
@@ -568,8 +637,17 @@ __global__ void __launch_bounds__(kScanBlock, Tiles::kBlocksPerSm)
       publish(there, tiles_of.fold(there, stage_of(next_slot), next));
       STAGED_STAMP(3 + 4 * i);
     }
-    const Total prefix = staged_prefix(totals, ws.tile_totals + here.row * tiles,
-                                       ws.group_totals + here.row * groups, here.tile, mark);
+#ifdef BARACUDA_LONG_ROWS_NO_PREFIX
+    // Measurement only (results wrong): every tile scanned from the identity.
+    const Total prefix = totals.identity();
+#else
+    Total prefix;
+    if constexpr (Tiles::kEarlyPrefix) {
+      prefix = finish_staged_prefix(totals, prefix_reads, row_tiles, row_groups, here.tile, mark);
+    } else {
+      prefix = staged_prefix(totals, row_tiles, row_groups, here.tile, mark);
+    }
+#endif
     STAGED_STAMP(4 + 4 * i);
     tiles_of.scan(here, stage_of(slot), cur, prefix);
     __syncthreads();  // every thread is done with the stage
