@@ -1,30 +1,35 @@
 // Staged extremes: the staged long rows (scan_staged_rows.cuh) for cummax
-// and cummin forward (ExtremeForward, scan_ops.h) on float32 elements. Same
-// loop and conditions as the staged long rows (rows starting 16 bytes
-// aligned, compute capability 9.0 and up); only the tiles differ. Included
-// by scan.cu. No torch headers.
+// and cummin forward (ExtremeForward, scan_ops.h) on float32 and two-byte
+// elements. Same loop and conditions as the staged long rows (rows starting
+// 16 bytes aligned, compute capability 9.0 and up); only the tiles differ.
+// Included by scan.cu. No torch headers.
 //
 // The forward reads one array and writes two, the values and their int64
-// positions: three bytes of every four it moves are written (float32). The
-// copy engine stages x a tile at a time (kExtremeTileLen elements). Thread
-// t takes a run of kExtremeRunLen consecutive elements in scan order, folds
-// it to a (value, position) state, and the block's runs are joined; once
-// the tile's prefix is known the run is read again and scanned. Its outputs
-// leave through the warp's own part of the stage, so that each warp store
-// is 512 contiguous bytes rather than a thread's 16 bytes at every 64 or
-// 128: first the values, then the positions, which take two (float32) or
-// four (two-byte) turns of that part. Only barriers of the warp stand
-// between a warp's turns. A row's last tile in memory, where it is short,
-// is read and written element by element, straight from memory.
+// positions: three bytes of every four it moves are written (float32), five
+// of every six (two-byte). The copy engine stages x a tile at a time
+// (kExtremeTileLen elements). Thread t takes a run of kExtremeRunLen
+// consecutive elements in scan order, folds it to a (value, position)
+// state, and the block's runs are joined; once the tile's prefix is known
+// the run is read again and scanned. Inside a run the lead is a value and
+// its place in the run, not a State with a whole position. The outputs
+// leave through the warp's own part of shared memory, so that each warp
+// store is 512 contiguous bytes rather than a thread's 16 bytes at every 64
+// or 128: the values through the warp's part of the stage, then the
+// positions, in two turns of that part (float32) or at once through a part
+// of their own (two-byte). Only barriers of the warp stand between a
+// warp's turns. A row's last tile in memory, where it is short, is read and
+// written element by element, straight from memory.
 //
 // Measured on H100 (launcher timer, benchmarks/RESULTS.md), cummax forward
-// against the long_rows kernel, µs: float32 [1, 16M] 150.0 -> 139.0,
-// [64, 256K] 140.3 -> 131.0, [1, 4M] 46.9 -> 39.8, at three blocks per SM
-// (80 registers, up to 44 bytes of spill). At four (64 registers) the scan
-// spilled more and took 290; two were slower again (on an H200: 127.3 at
-// three, 144.7 at two).
-// bfloat16 [1, 16M] took 131.1 against the long_rows kernel's 123.4, and
-// stays there, as float16 does; so does float64.
+// [1, 16M], µs: the long_rows kernel 150.0 (float32) and 123.4 (bfloat16);
+// these tiles with States all through the run (float32 only) 139.0; with
+// the lead kept as a value and a place, 120.0, and with the prefix's reads
+// sent out before the next tile's fold (kEarlyPrefix) 112.1-113.3, bfloat16
+// 89.1-90.3 with its positions in two-byte turns, 85.3 (benchmark row) with
+// a part of their own. Three blocks per SM (80 registers, up to 40 bytes of
+// spill); at four (64 registers) the scan spilled more and took 290, two
+// were slower again (on an H200: 127.3 at three, 144.7 at two). float64
+// keeps the long_rows kernel.
 #pragma once
 
 #include <cstdint>
@@ -42,12 +47,14 @@ namespace scan {
 template <typename Op>
 struct IsExtremeForward : std::false_type {};
 template <typename T, typename Acc, typename Pos, bool kMax>
-struct IsExtremeForward<ExtremeForward<T, Acc, Pos, kMax>> : std::true_type {};
+struct IsExtremeForward<ExtremeForward<T, Acc, Pos, kMax>> : std::true_type {
+  static constexpr bool kIsMax = kMax;
+};
 
-// float32 only: see the measurements above.
+// float32 and two-byte elements; float64 keeps the long_rows kernel.
 template <typename Op>
 constexpr bool kStagedExtremesApply =
-    IsExtremeForward<Op>::value && sizeof(typename Op::Storage) == 4;
+    IsExtremeForward<Op>::value && sizeof(typename Op::Storage) <= 4;
 
 // Elements a thread scans per tile, whatever their size: a tile is 4096
 // elements, 16 KiB of float32 or 8 KiB of two-byte x.
@@ -82,12 +89,18 @@ struct StagedExtremeTiles {
   static constexpr int kStageBytes = static_cast<int>(kTileLen * int64_t{sizeof(T)});
   // A warp's part of the stage: its 32 runs of x, in 16-byte vectors.
   static constexpr int kWarpVectors = 32 * kVectors;
-  // Runs whose positions fill that part at once, and the turns they take.
-  static constexpr int kIndexRunsPerTurn = kWarpVectors / kIndexVectors;
+  // Where the warp's positions go out: two-byte x leaves a part a quarter
+  // of their size, so they take a part of their own, 4 KiB a warp, and go
+  // out in one turn; float32 x leaves half their size, and they take its
+  // part in two turns. Runs whose positions fill the part at once, and the
+  // turns they take:
+  static constexpr bool kOwnIndexPart = sizeof(T) == 2;
+  static constexpr int kIndexPartVectors = kOwnIndexPart ? 32 * kIndexVectors : kWarpVectors;
+  static constexpr int kIndexRunsPerTurn = kIndexPartVectors / kIndexVectors;
   static constexpr int kIndexTurns = 32 / kIndexRunsPerTurn;
   static constexpr int kBlocksPerSm = 3;  // see the measurements above
   static constexpr int kStages = kStagedStages;
-  static constexpr bool kEarlyPrefix = true;  // its fold is long
+  static constexpr bool kEarlyPrefix = true;  // see the measurements above
   static_assert(kTileLen >= ::baracuda::kTileLen, "the workspace holds a slot per tile");
   static_assert(sizeof(Total) == sizeof(State), "the tiles publish the op's own states");
 
@@ -121,6 +134,17 @@ struct StagedExtremeTiles {
   }
   // Element s of a run in scan order, in memory.
   __device__ static int memory_of(int s) { return kReverse ? R - 1 - s : s; }
+
+  // Inside a run the lead is a value and its place in the run, where a
+  // State would carry and compare whole positions; it changes hands as
+  // ExtremeCombine's does: a NaN always takes it and, once it is NaN, only
+  // a NaN does; otherwise a later element takes it on a tie.
+  static constexpr bool kMax = IsExtremeForward<Op>::kIsMax;
+  __device__ static bool takes_lead(Acc v, Acc lead) {
+    return (kMax ? v >= lead : v <= lead) || is_nan(v);
+  }
+  // A lead every element takes, NaN or not: the run's first takes it.
+  __device__ static Acc no_lead() { return kMax ? neg_inf<Acc>() : -neg_inf<Acc>(); }
 
   // The thread's run of a whole tile from its stage, in memory order, as
   // the stage holds it: kept packed, it takes half the registers for
@@ -166,11 +190,17 @@ struct StagedExtremeTiles {
     if (p.valid == kTileLen) {
       uint4 raw[kVectors];
       load_run(stage, raw);
+      Acc lead = no_lead();
+      int lead_at = 0;
 #pragma unroll
       for (int s = 0; s < R; ++s) {
         const int e = memory_of(s);
-        mine = op.combine(mine, State{element(raw, e), static_cast<Pos>(at + e)});
+        const Acc v = element(raw, e);
+        const bool take = takes_lead(v, lead);
+        lead = take ? v : lead;
+        lead_at = take ? e : lead_at;
       }
+      mine = State{lead, static_cast<Pos>(at + lead_at)};
     } else {
       for_each_short(p, at,
                      [&](int64_t off, int64_t l) { mine = op.combine(mine, op.load(off, l)); });
@@ -199,16 +229,19 @@ struct StagedExtremeTiles {
     }
     uint4 raw[kVectors];
     load_run(stage, raw);
+    // With nothing before the run, its first element takes the lead.
+    Acc lead = start.index < 0 ? no_lead() : start.value;
     uint32_t leads[R / 4] = {};
-    uint32_t lead = 0;
+    uint32_t lead_at = 0;
 #pragma unroll
     for (int s = 0; s < R; ++s) {
       const int e = memory_of(s);
-      const Pos here = static_cast<Pos>(at + e);
-      run = op.combine(run, State{element(raw, e), here});
-      set_element(raw, e, run.value);
-      lead = run.index == here ? uint32_t(e + 1) : lead;
-      leads[e / 4] |= lead << (8 * (e % 4));
+      const Acc v = element(raw, e);
+      const bool take = takes_lead(v, lead);
+      lead = take ? v : lead;
+      lead_at = take ? uint32_t(e + 1) : lead_at;
+      set_element(raw, e, lead);
+      leads[e / 4] |= lead_at << (8 * (e % 4));
     }
     store_warp_outputs(p, stage, raw, leads, start.index);
   }
@@ -238,6 +271,11 @@ struct StagedExtremeTiles {
       const uint32_t lead = (leads[e / 4] >> (8 * (e % 4))) & 0xffu;
       return lead == 0 ? int64_t{before_run} : run_at + int64_t(lead) - 1;
     };
+    uint4* index_part = part;
+    if constexpr (kOwnIndexPart) {
+      __shared__ uint4 index_parts[kScanBlock / 32][kIndexPartVectors];
+      index_part = index_parts[threadIdx.x / 32];
+    }
     uint4* index_out = reinterpret_cast<uint4*>(op.indices + warp_at);
 #pragma unroll
     for (int turn = 0; turn < kIndexTurns; ++turn) {
@@ -249,15 +287,15 @@ struct StagedExtremeTiles {
           const int64_t pair[2] = {position(2 * v), position(2 * v + 1)};
           uint4 u;
           memcpy(&u, pair, 16);
-          part[swizzled_slot<kIndexVectors>(rr, v)] = u;
+          index_part[swizzled_slot<kIndexVectors>(rr, v)] = u;
         }
       }
       __syncwarp();
 #pragma unroll
-      for (int c = 0; c < kWarpVectors / 32; ++c) {
+      for (int c = 0; c < kIndexPartVectors / 32; ++c) {
         const int n = c * 32 + lane;
-        index_out[turn * kWarpVectors + n] =
-            part[swizzled_slot<kIndexVectors>(n / kIndexVectors, n % kIndexVectors)];
+        index_out[turn * kIndexPartVectors + n] =
+            index_part[swizzled_slot<kIndexVectors>(n / kIndexVectors, n % kIndexVectors)];
       }
     }
     // The copy engine writes this stage next, after the loop's barrier.
