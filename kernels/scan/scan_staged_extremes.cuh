@@ -24,9 +24,9 @@
 // [1, 16M], µs: the long_rows kernel 150.0 (float32) and 123.4 (bfloat16);
 // these tiles with States all through the run (float32 only) 139.0; with
 // the lead kept as a value and a place, 120.0, and with the prefix's reads
-// sent out before the next tile's fold (kEarlyPrefix) 112.1-113.3, bfloat16
-// 89.1-90.3 with its positions in two-byte turns, 85.3 (benchmark row) with
-// a part of their own. Three blocks per SM (80 registers, up to 40 bytes of
+// sent out before the next tile's fold (kEarlyPrefix) 112.1-113.3; bfloat16
+// 89.1-90.3 with its positions in four turns of the stage's part, 84.9-86.3
+// with a part of their own. Three blocks per SM (80 registers, up to 40 bytes of
 // spill); at four (64 registers) the scan spilled more and took 290, two
 // were slower again (on an H200: 127.3 at three, 144.7 at two). float64
 // keeps the long_rows kernel.
