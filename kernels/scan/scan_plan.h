@@ -29,8 +29,10 @@
 //              and publish each tile's total a tile ahead of its scan; the
 //              same for float32 / two-byte logcumsumexp backward, its three
 //              inputs staged in tiles of 4096 (scan_staged_whole_runs.cuh),
-//              and for float32 / two-byte cummax / cummin forward, x
-//              staged in tiles of 4096 (scan_staged_extremes.cuh).
+//              for float32 / two-byte cummax / cummin forward, x
+//              staged in tiles of 4096 (scan_staged_extremes.cuh), and
+//              for float32 / two-byte cumprod backward, dy, x and y
+//              staged in tiles of 4096 (scan_staged_cumprod_grad.cuh).
 //              Or, for cummax / cummin backward on 16-byte aligned rows
 //              (scan_keyed_rows.cuh: likewise), every tile scanned alone
 //              and the one element per tile whose run comes in from the

@@ -32,8 +32,9 @@
 //   (its forward-order kernel, untimed, then spills 20 bytes).
 // cumprod backward, whose runs also need each input's neighbours (staged
 // with a 16-byte granule either side of the tile), ran slower than its
-// long_rows kernel in every form tried (float32 181-222 us against 133,
-// bfloat16 111-192 against 95) and stays there.
+// long_rows kernel in every form tried here (float32 181-222 us against
+// 133, bfloat16 111-192 against 95); it takes tiles of its own
+// (scan_staged_cumprod_grad.cuh), which need one neighbour only.
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,255 @@
+// Staged cumprod gradient: the staged long rows (scan_staged_rows.cuh) for
+// cumprod's backward (CumprodBackward, scan_ops.h) on float32 and two-byte
+// elements. Same loop and conditions as the staged long rows (rows starting
+// 16 bytes aligned, compute capability 9.0 and up); only the tiles differ.
+// Included by scan.cu. No torch headers.
+//
+// In the forward's order, dx_f = y_{f-1} R_f with R_f = dy_f + x_{f+1}
+// R_{f+1}. CumprodBackward scans R itself, each element's map reading x one
+// place away, which a tile would have to stage past its edges. These tiles
+// hand Q_f = x_f R_f from run to run instead, whose step reads the element
+// alone, Q_f = x_f (dy_f + Q_{f+1}): the map q -> x_f q + x_f dy_f,
+// composed in the backward's scan order as AffineCombine composes. A run
+// starts from the Q before it, R = dy + Q, and then carries R as
+// CumprodBackward does, x one place away being its own previous element.
+// Only y_{f-1}, the element after f in scan order, comes from a neighbour:
+// in the thread's own run, from the stage past the run's end, or for the
+// tile's last element in scan order from memory (read while the tile is
+// folded, a round before its scan). No division: zeros in x are exact.
+//
+// The copy engine stages dy, x and y a tile (kCumprodGradTileLen elements)
+// at a time. Thread t takes a run of 16 consecutive elements in scan order,
+// folds it, and the block's runs are joined; once the tile's prefix is
+// known the run is read again and scanned, and its dx goes out through its
+// own vectors of dy's part of the stage, each warp store then covering 512
+// contiguous bytes. A row's last tile in memory, where it is short, is read
+// and written element by element, straight from memory.
+//
+// Measured on H100 (launcher timer, benchmarks/RESULTS.md), [1, 16M], µs,
+// against the long_rows kernel: float32 132.6-133.2 -> 121.4-122.6,
+// bfloat16 94.9-95.3 -> 68.2-69.0; float32's error against the float64
+// engine 2.1e-3 -> 2.1e-5 (R carried in double, below).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "common/hopper.cuh"
+#include "scan/scan_block.cuh"
+#include "scan/scan_plan.h"
+#include "scan/scan_staged_rows.cuh"
+
+namespace baracuda {
+namespace scan {
+
+template <typename Op>
+struct IsCumprodBackward : std::false_type {};
+template <typename T, typename Acc>
+struct IsCumprodBackward<CumprodBackward<T, Acc>> : std::true_type {};
+
+template <typename Op>
+constexpr bool kStagedCumprodGradApply =
+    IsCumprodBackward<Op>::value && sizeof(typename Op::Storage) <= 4;
+
+constexpr int kCumprodGradRunLen = 16;
+constexpr int64_t kCumprodGradTileLen = int64_t{kScanBlock} * kCumprodGradRunLen;
+
+template <typename Op, bool kReverse>
+struct StagedCumprodGradTiles {
+  using T = typename Op::Storage;
+  using State = StateOf<Op>;  // Affine: q -> scale q + shift
+  using Acc = decltype(State::scale);
+  // What a run carries R and its map in: double for float32 elements. The
+  // runs are chained only through the tiles' and runs' float totals, a few
+  // dozen roundings whatever the row's length, where a float R rounds at
+  // every element: on a float32 row of 40003 factors near 1 (sigma 0.01)
+  // whose gradient cancels to -4.84 at its end, a float recurrence run
+  // element by element ends 5.5e-4 off, these tiles in float 8.0e-4.
+  using Wide = std::conditional_t<sizeof(T) == 4, double, Acc>;
+  using Totals = TotalsOf<Op>;
+  using Total = TotalOf<Op>;
+  static constexpr int R = kCumprodGradRunLen;
+  static constexpr int kElems = 16 / int{sizeof(T)};  // a vector's
+  static constexpr int kVectors = R / kElems;         // a run's, of each input
+  static constexpr int64_t kTileLen = kCumprodGradTileLen;
+  static constexpr int kTileBytes = static_cast<int>(kTileLen * int64_t{sizeof(T)});
+  static constexpr int kArrays = 3;  // dy, x, y, in that order in the stage
+  static constexpr int kStageBytes = kArrays * kTileBytes;
+  // Two stages of float32 take 96 KiB a block: two blocks an SM. Two-byte
+  // stages are half that: three blocks, three stages.
+  static constexpr int kBlocksPerSm = sizeof(T) == 2 ? 3 : 2;
+  static constexpr int kStages = sizeof(T) == 2 ? 3 : 2;
+  static constexpr bool kEarlyPrefix = true;
+  static_assert(kTileLen >= ::baracuda::kTileLen, "the workspace holds a slot per tile");
+  static_assert(std::is_same<Total, State>::value, "the tiles publish the op's own states");
+
+  struct Fold {
+    Total before;  // everything in the tile before the thread's run
+    Acc after;     // y after the tile's last element in scan order (thread 255)
+  };
+
+  Op op;
+  int64_t len, tiles;
+
+  __device__ Totals totals() const { return totals_of(op); }
+  __device__ StagedPlace place(int64_t g) const {
+    return place_staged_tile<kTileLen, kReverse>(g, len, tiles);
+  }
+  __device__ static bool whole(const StagedPlace& p) { return p.valid == kTileLen; }
+  __device__ void request(const StagedPlace& p, unsigned char* stage, uint64_t* full) const {
+    if (!whole(p)) {
+      mbarrier_arrive_expect_tx(full, 0);  // read from memory
+      return;
+    }
+    mbarrier_arrive_expect_tx(full, kArrays * kTileBytes);
+    const T* inputs[kArrays] = {op.dy, op.x, op.y};
+#pragma unroll
+    for (int a = 0; a < kArrays; ++a) {
+      bulk_copy_to_shared(stage + a * kTileBytes, inputs[a] + p.first, kTileBytes, full);
+    }
+  }
+
+  // Thread t's run in memory: the tile's run 255 - t when the scan walks
+  // memory backwards, so that runs follow each other in scan order.
+  __device__ static int run_in_tile() {
+    return kReverse ? kScanBlock - 1 - int(threadIdx.x) : int(threadIdx.x);
+  }
+  __device__ static int memory_of(int s) { return kReverse ? R - 1 - s : s; }
+  // y one element further in scan order, in memory: one element lower when
+  // the scan walks memory backwards.
+  static constexpr int kAfter = kReverse ? -1 : 1;
+
+  __device__ static Acc element(const uint4 (&raw)[kVectors], int e) {
+    T t;
+    memcpy(&t, reinterpret_cast<const unsigned char*>(raw) + e * sizeof(T), sizeof(T));
+    return to_acc<Acc>(t);
+  }
+  __device__ static void load_run(const unsigned char* stage, int a, uint4 (&raw)[kVectors]) {
+    const uint4* mine =
+        reinterpret_cast<const uint4*>(stage + a * kTileBytes) + run_in_tile() * kVectors;
+#pragma unroll
+    for (int v = 0; v < kVectors; ++v) raw[v] = mine[v];
+  }
+
+  // The row position of the tile's first element in memory.
+  __device__ int64_t tile_at(const StagedPlace& p) const { return p.first - p.row * len; }
+  // y at row position l of the tile's row, 1 outside the row (the scan's
+  // last element has no y after it).
+  __device__ Acc y_at(const StagedPlace& p, int64_t l) const {
+    return l < 0 || l >= len ? Acc(1) : to_acc<Acc>(op.y[p.row * len + l]);
+  }
+
+  // The thread's run of a short tile in scan order, element by element from
+  // memory: f(tile element, its offset) for each element inside the row.
+  template <typename F>
+  __device__ void for_each_short(const StagedPlace& p, F&& f) const {
+    const int64_t run_at = int64_t{run_in_tile()} * R;  // in the tile
+#pragma unroll
+    for (int s = 0; s < R; ++s) {
+      const int64_t e = run_at + memory_of(s);
+      if (e < p.valid) f(e, p.first + e);
+    }
+  }
+
+  // Inside a run R itself is carried, R_f = x_{f+1} R_{f+1} + dy_f by one
+  // fma per element, in Wide; Q is formed only where the run ends. The
+  // run's map of the Q before it, R = a q + b along the run:
+  struct RunMap {
+    Wide a = Wide(1), b = Wide(0), x_last = Wide(1);
+    bool started = false;
+    __device__ void step(Acc d, Acc x) {
+      if (started) {
+        a = x_last * a;
+        b = fma(x_last, b, Wide(d));
+      } else {
+        b = d;
+        started = true;
+      }
+      x_last = x;
+    }
+    __device__ State total() const {  // of Q
+      return {static_cast<Acc>(x_last * a), static_cast<Acc>(x_last * b)};
+    }
+  };
+
+  __device__ Total fold(const StagedPlace& p, unsigned char* stage, Fold& f) const {
+    __shared__ typename BlockTotalsScan<Totals>::TempStorage scratch;
+    RunMap run;
+    if (whole(p)) {
+      uint4 dy[kVectors], x[kVectors];
+      load_run(stage, 0, dy);
+      load_run(stage, 1, x);
+#pragma unroll
+      for (int s = 0; s < R; ++s) run.step(element(dy, memory_of(s)), element(x, memory_of(s)));
+      if (threadIdx.x == kScanBlock - 1) {
+        f.after = y_at(p, kReverse ? tile_at(p) - 1 : tile_at(p) + kTileLen);
+      }
+    } else {
+      for_each_short(p, [&](int64_t, int64_t off) {
+        run.step(to_acc<Acc>(op.dy[off]), to_acc<Acc>(op.x[off]));
+      });
+    }
+    Total tile_total;
+    BlockTotalsScan<Totals>::exclusive(scratch, totals(), run.total(), f.before, tile_total);
+    __syncthreads();  // scratch free for the next fold
+    return tile_total;
+  }
+
+  __device__ void scan(const StagedPlace& p, unsigned char* stage, const Fold& f,
+                       const Total& carry) const {
+    // Q of everything before the run (0 before the scan's start); then R
+    // along the run as RunMap carries it.
+    const Wide q = totals().combine(carry, f.before).shift;
+    if (!whole(p)) {
+      Wide r = Wide(0), x_last = Wide(0);
+      bool started = false;
+      for_each_short(p, [&](int64_t e, int64_t off) {
+        const Wide d = to_acc<Acc>(op.dy[off]);
+        r = started ? fma(x_last, r, d) : d + q;
+        started = true;
+        op.dx[off] = from_acc<T>(static_cast<Acc>(Wide(y_at(p, tile_at(p) + e + kAfter)) * r));
+        x_last = to_acc<Acc>(op.x[off]);
+      });
+      return;
+    }
+    uint4 dy[kVectors], x[kVectors], y[kVectors];
+    load_run(stage, 0, dy);
+    load_run(stage, 1, x);
+    load_run(stage, 2, y);
+    // y after the run's last element in scan order: the next run's, in the
+    // stage, or past the tile's end.
+    const int run = run_in_tile();
+    const int beyond = kReverse ? run * R - 1 : (run + 1) * R;
+    const Acc after = threadIdx.x == kScanBlock - 1
+                          ? f.after
+                          : to_acc<Acc>(reinterpret_cast<const T*>(stage + 2 * kTileBytes)[beyond]);
+    uint4 out[kVectors];
+    Wide r = Wide(0);
+#pragma unroll
+    for (int s = 0; s < R; ++s) {
+      const int e = memory_of(s);
+      const Wide d = element(dy, e);
+      r = s == 0 ? d + q : fma(Wide(element(x, memory_of(s - 1))), r, d);
+      const Acc y_after = s + 1 < R ? element(y, memory_of(s + 1)) : after;
+      const T d_out = from_acc<T>(static_cast<Acc>(Wide(y_after) * r));
+      memcpy(reinterpret_cast<unsigned char*>(out) + e * sizeof(T), &d_out, sizeof(T));
+    }
+    // dx over the thread's own dy vectors, then out a vector a thread.
+    uint4* staged = reinterpret_cast<uint4*>(stage);
+#pragma unroll
+    for (int v = 0; v < kVectors; ++v) staged[run * kVectors + v] = out[v];
+    __syncthreads();
+    uint4* dst = reinterpret_cast<uint4*>(op.dx + p.first);
+#pragma unroll
+    for (int c = 0; c < kVectors; ++c) {
+      const int m = c * kScanBlock + threadIdx.x;
+      __stwb(dst + m, staged[m]);
+    }
+    // The copy engine writes this stage next, after the loop's barrier.
+    fence_proxy_async_shared();
+  }
+};
+
+}  // namespace scan
+}  // namespace baracuda
