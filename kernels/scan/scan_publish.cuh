@@ -268,11 +268,12 @@ __device__ StateOf<Op> fold_group_tiles(const Op& op, const FlaggedState<StateOf
   return fold_warp(op, v);
 }
 
-// The in-order fold of the totals of groups [0, group), warps 1 and up: each
-// lane a fixed run of them, then the warp's lanes in order.
+// A thread's slots [begin, end).
 struct SlotRange {
   int64_t begin, end;
 };
+// Of the totals of groups [0, group), those of a thread of warps 1 and up:
+// each lane a fixed run of them.
 __device__ inline SlotRange earlier_groups_of_thread(int64_t group) {
   constexpr int kReaders = (kScanBlock / 32 - 1) * 32;
   const int64_t per = (group + kReaders - 1) / kReaders;
@@ -280,6 +281,8 @@ __device__ inline SlotRange earlier_groups_of_thread(int64_t group) {
   return {begin, begin + per < group ? begin + per : group};
 }
 
+// The in-order fold of the totals of groups [0, group), warps 1 and up: each
+// lane its run of them, then the warp's lanes in order.
 template <typename Op>
 __device__ StateOf<Op> fold_earlier_groups(const Op& op,
                                            const FlaggedState<StateOf<Op>>* row_groups,
