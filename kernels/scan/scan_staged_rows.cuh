@@ -194,6 +194,33 @@ __device__ inline void rotate_four(uint4 (&r)[4], int by) {
   r[3] = pick(two, b3, b1);
 }
 
+// The same for runs of N = 1, 2 or 4 vectors.
+template <int N>
+__device__ inline void rotate_vectors(uint4 (&r)[N], int by) {
+  static_assert(N == 1 || N == 2 || N == 4, "a run of one, two or four vectors");
+  if constexpr (N == 4) {
+    rotate_four(r, by);
+  } else if constexpr (N == 2) {
+    const bool swap = by & 1;
+    const uint4 a = r[0], b = r[1];
+    r[0] = make_uint4(swap ? b.x : a.x, swap ? b.y : a.y, swap ? b.z : a.z, swap ? b.w : a.w);
+    r[1] = make_uint4(swap ? a.x : b.x, swap ? a.y : b.y, swap ? a.z : b.z, swap ? a.w : b.w);
+  }
+}
+
+// Where a thread whose run is N consecutive vectors of a stage (runs of
+// consecutive threads side by side) starts reading them: walking vector
+// (q + rotation) % N at step q, the eight threads of a quarter warp fall in
+// eight different 16-byte bank groups at every step, where in order they
+// would meet in 8 / N of them. rotate_vectors(r, N - rotation) then puts
+// the vectors in order.
+template <int N>
+__device__ inline int staggered_rotation() {
+  if constexpr (N == 4) return (threadIdx.x >> 1) & 3;
+  if constexpr (N == 2) return (threadIdx.x >> 2) & 1;
+  return 0;
+}
+
 // The run layout's run: kStagedVectors vectors, thread t's in scan order.
 //
 // Runs start 64 bytes apart, so the eight threads of a quarter warp, each
@@ -217,7 +244,7 @@ struct StagedRun {
   static_assert(kStagedVectors == 4, "a thread's run is four vectors");
 
   static __device__ int vector(int j) { return threadIdx.x * kStagedVectors + j; }
-  static __device__ int rotation() { return kRotate ? (threadIdx.x >> 1) & 3 : 0; }
+  static __device__ int rotation() { return kRotate ? staggered_rotation<4>() : 0; }
   static __device__ Part& part(Acc (&v)[kLen], int j) {
     return *reinterpret_cast<Part*>(v + j * Vector::kElems);
   }

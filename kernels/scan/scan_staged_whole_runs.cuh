@@ -155,7 +155,7 @@ struct StagedWholeRunTiles {
         // -> 141.6, 142.8 us. Rotating the stores into the stage as well
         // gained nothing more (141.3, 141.6) and doubled the forward-order
         // kernel's spill (20 -> 40 bytes; without the rotation it has none).
-        const int rot = (threadIdx.x >> 1) & 3;
+        const int rot = staggered_rotation<4>();
         const int lowest = kReverse ? static_cast<int>(kTileLen / kElems) - 4 * (threadIdx.x + 1)
                                     : 4 * threadIdx.x;
         uint4 r[kArrays][4];
