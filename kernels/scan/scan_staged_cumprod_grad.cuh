@@ -28,7 +28,13 @@
 // Measured on H100 (launcher timer, benchmarks/RESULTS.md), [1, 16M], µs,
 // against the long_rows kernel: float32 132.6-133.2 -> 121.4-122.6,
 // bfloat16 94.9-95.3 -> 68.2-69.0; float32's error against the float64
-// engine 2.1e-3 -> 2.1e-5 (R carried in double, below).
+// engine 2.1e-3 -> 2.1e-5 (R carried in double, below). Reading the stage
+// in a staggered order, and y past a run from the next thread by a
+// shuffle: float32 121.1-122.9 -> 114.8-116.9, bfloat16 unchanged
+// (68.6-71.4). Slower: float32 tiles of 2048 (eight elements a thread;
+// 130.3-131.3 with three stages, 134.0-135.0 with four); asking for a
+// stage's x and y as soon as the scan has read them, its dy after (float32
+// unchanged, bfloat16 72.7-74.8).
 #pragma once
 
 #include <cstdint>
@@ -125,11 +131,16 @@ struct StagedCumprodGradTiles {
     memcpy(&t, reinterpret_cast<const unsigned char*>(raw) + e * sizeof(T), sizeof(T));
     return to_acc<Acc>(t);
   }
+  // The thread's run of input `a`, read in a staggered order
+  // (staggered_rotation: runs 64 or 32 bytes apart would otherwise meet in
+  // two or four of the eight bank groups).
   __device__ static void load_run(const unsigned char* stage, int a, uint4 (&raw)[kVectors]) {
     const uint4* mine =
         reinterpret_cast<const uint4*>(stage + a * kTileBytes) + run_in_tile() * kVectors;
+    const int rot = staggered_rotation<kVectors>();
 #pragma unroll
-    for (int v = 0; v < kVectors; ++v) raw[v] = mine[v];
+    for (int q = 0; q < kVectors; ++q) raw[q] = mine[(q + rot) & (kVectors - 1)];
+    rotate_vectors(raw, (kVectors - rot) & (kVectors - 1));
   }
 
   // The row position of the tile's first element in memory.
@@ -217,13 +228,19 @@ struct StagedCumprodGradTiles {
     load_run(stage, 0, dy);
     load_run(stage, 1, x);
     load_run(stage, 2, y);
-    // y after the run's last element in scan order: the next run's, in the
-    // stage, or past the tile's end.
+    // y after the run's last element in scan order: the first of the next
+    // run, which thread t + 1 holds (from the stage for a warp's last lane:
+    // runs 64 bytes apart, the warp's reads there would meet in two banks),
+    // or past the tile's end.
     const int run = run_in_tile();
     const int beyond = kReverse ? run * R - 1 : (run + 1) * R;
-    const Acc after = threadIdx.x == kScanBlock - 1
-                          ? f.after
-                          : to_acc<Acc>(reinterpret_cast<const T*>(stage + 2 * kTileBytes)[beyond]);
+    const Acc next_first = __shfl_down_sync(0xffffffffu, element(y, memory_of(0)), 1);
+    Acc after = next_first;
+    if (threadIdx.x == kScanBlock - 1) {
+      after = f.after;
+    } else if (threadIdx.x % 32 == 31) {
+      after = to_acc<Acc>(reinterpret_cast<const T*>(stage + 2 * kTileBytes)[beyond]);
+    }
     uint4 out[kVectors];
     Wide r = Wide(0);
 #pragma unroll
@@ -237,8 +254,11 @@ struct StagedCumprodGradTiles {
     }
     // dx over the thread's own dy vectors, then out a vector a thread.
     uint4* staged = reinterpret_cast<uint4*>(stage);
+    uint4* mine = staged + run * kVectors;
+    const int rot = staggered_rotation<kVectors>();
+    rotate_vectors(out, rot);
 #pragma unroll
-    for (int v = 0; v < kVectors; ++v) staged[run * kVectors + v] = out[v];
+    for (int q = 0; q < kVectors; ++q) mine[(q + rot) & (kVectors - 1)] = out[q];
     __syncthreads();
     uint4* dst = reinterpret_cast<uint4*>(op.dx + p.first);
 #pragma unroll
