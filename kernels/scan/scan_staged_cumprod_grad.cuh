@@ -86,7 +86,11 @@ struct StagedCumprodGradTiles {
   // stages are half that: three blocks, three stages.
   static constexpr int kBlocksPerSm = sizeof(T) == 2 ? 3 : 2;
   static constexpr int kStages = sizeof(T) == 2 ? 3 : 2;
-  static constexpr bool kEarlyPrefix = true;
+  // The early prefix reads hold 4 KiB of shared memory a block: with them,
+  // three blocks of two-byte stages do not fit an SM, and two ran (H100,
+  // bfloat16 [1, 16M] benchmark row: 69.86 us with them, 66.50 and 66.37
+  // without).
+  static constexpr bool kEarlyPrefix = sizeof(T) == 4;
   static_assert(kTileLen >= ::baracuda::kTileLen, "the workspace holds a slot per tile");
   static_assert(std::is_same<Total, State>::value, "the tiles publish the op's own states");
 
