@@ -28,9 +28,12 @@ __device__ inline void cp_async16(void* dst, const void* src, bool valid = true)
 }
 __device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // Waits until at most N of this thread's committed groups are still in flight.
+// The "memory" clobber keeps the compiler from moving this thread's reads of
+// the copied shared memory above the wait: a thread may read its own copies
+// right after, with no barrier between.
 template <int N>
 __device__ inline void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 }  // namespace baracuda

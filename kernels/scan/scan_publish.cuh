@@ -166,7 +166,7 @@ __device__ void issue_flagged_read(FlaggedState<State>* own, const FlaggedState<
 template <typename State>
 __device__ State wait_flagged_read(const FlaggedState<State>* own,
                                    const FlaggedState<State>* slot, uint64_t mark) {
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
+  cp_async_wait<0>();  // the copy issue_flagged_read committed
   State out;
   if (unpack_flagged(own->words, out, mark)) return out;
   while (!try_read_flagged(slot, out, mark)) {

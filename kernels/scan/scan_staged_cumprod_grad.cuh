@@ -131,9 +131,7 @@ struct StagedCumprodGradTiles {
   static constexpr int kAfter = kReverse ? -1 : 1;
 
   __device__ static Acc element(const uint4 (&raw)[kVectors], int e) {
-    T t;
-    memcpy(&t, reinterpret_cast<const unsigned char*>(raw) + e * sizeof(T), sizeof(T));
-    return to_acc<Acc>(t);
+    return run_element<T, Acc>(raw, e);
   }
   // The thread's run of input `a`, read in a staggered order
   // (staggered_rotation: runs 64 or 32 bytes apart would otherwise meet in
@@ -253,8 +251,7 @@ struct StagedCumprodGradTiles {
       const Wide d = element(dy, e);
       r = s == 0 ? d + q : fma(Wide(element(x, memory_of(s - 1))), r, d);
       const Acc y_after = s + 1 < R ? element(y, memory_of(s + 1)) : after;
-      const T d_out = from_acc<T>(static_cast<Acc>(Wide(y_after) * r));
-      memcpy(reinterpret_cast<unsigned char*>(out) + e * sizeof(T), &d_out, sizeof(T));
+      set_run_element<T>(out, e, static_cast<Acc>(Wide(y_after) * r));
     }
     // dx over the thread's own dy vectors, then out a vector a thread.
     uint4* staged = reinterpret_cast<uint4*>(stage);

@@ -156,13 +156,10 @@ struct StagedExtremeTiles {
     for (int v = 0; v < kVectors; ++v) raw[v] = mine[v];
   }
   __device__ static Acc element(const uint4 (&raw)[kVectors], int e) {
-    T t;
-    memcpy(&t, reinterpret_cast<const unsigned char*>(raw) + e * sizeof(T), sizeof(T));
-    return to_acc<Acc>(t);
+    return run_element<T, Acc>(raw, e);
   }
   __device__ static void set_element(uint4 (&raw)[kVectors], int e, Acc value) {
-    const T t = from_acc<T>(value);
-    memcpy(reinterpret_cast<unsigned char*>(raw) + e * sizeof(T), &t, sizeof(T));
+    set_run_element<T>(raw, e, value);
   }
 
   // The row position of the run's first element in memory.

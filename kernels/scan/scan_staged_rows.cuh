@@ -179,19 +179,22 @@ struct StagedVector {
   }
 };
 
+// b where take_b, else a, word by word: selects, where indexing registers by
+// a value that differs across a warp would put them in local memory.
+__device__ inline uint4 pick_vector(bool take_b, const uint4& a, const uint4& b) {
+  return make_uint4(take_b ? b.x : a.x, take_b ? b.y : a.y, take_b ? b.z : a.z,
+                    take_b ? b.w : a.w);
+}
+
 // r[j] becomes r[(j + by) % 4], by selects (`by` may differ across a warp).
 __device__ inline void rotate_four(uint4 (&r)[4], int by) {
-  const auto pick = [](bool take_b, const uint4& a, const uint4& b) {
-    return make_uint4(take_b ? b.x : a.x, take_b ? b.y : a.y, take_b ? b.z : a.z,
-                      take_b ? b.w : a.w);
-  };
   const bool one = by & 1, two = by & 2;
-  const uint4 b0 = pick(one, r[0], r[1]), b1 = pick(one, r[1], r[2]),
-              b2 = pick(one, r[2], r[3]), b3 = pick(one, r[3], r[0]);
-  r[0] = pick(two, b0, b2);
-  r[1] = pick(two, b1, b3);
-  r[2] = pick(two, b2, b0);
-  r[3] = pick(two, b3, b1);
+  const uint4 b0 = pick_vector(one, r[0], r[1]), b1 = pick_vector(one, r[1], r[2]),
+              b2 = pick_vector(one, r[2], r[3]), b3 = pick_vector(one, r[3], r[0]);
+  r[0] = pick_vector(two, b0, b2);
+  r[1] = pick_vector(two, b1, b3);
+  r[2] = pick_vector(two, b2, b0);
+  r[3] = pick_vector(two, b3, b1);
 }
 
 // The same for runs of N = 1, 2 or 4 vectors.
@@ -203,9 +206,23 @@ __device__ inline void rotate_vectors(uint4 (&r)[N], int by) {
   } else if constexpr (N == 2) {
     const bool swap = by & 1;
     const uint4 a = r[0], b = r[1];
-    r[0] = make_uint4(swap ? b.x : a.x, swap ? b.y : a.y, swap ? b.z : a.z, swap ? b.w : a.w);
-    r[1] = make_uint4(swap ? a.x : b.x, swap ? a.y : b.y, swap ? a.z : b.z, swap ? a.w : b.w);
+    r[0] = pick_vector(swap, a, b);
+    r[1] = pick_vector(swap, b, a);
   }
+}
+
+// Element e of a run held as N raw 16-byte vectors of T, as an Acc; and
+// element e set from one.
+template <typename T, typename Acc, int N>
+__device__ inline Acc run_element(const uint4 (&raw)[N], int e) {
+  T t;
+  memcpy(&t, reinterpret_cast<const unsigned char*>(raw) + e * sizeof(T), sizeof(T));
+  return to_acc<Acc>(t);
+}
+template <typename T, typename Acc, int N>
+__device__ inline void set_run_element(uint4 (&raw)[N], int e, Acc value) {
+  const T t = from_acc<T>(value);
+  memcpy(reinterpret_cast<unsigned char*>(raw) + e * sizeof(T), &t, sizeof(T));
 }
 
 // Where a thread whose run is N consecutive vectors of a stage (runs of
