@@ -1056,15 +1056,18 @@ def test_staged_logcumsumexp_long_rows_on_cuda(dtype):
                                        equal_nan=True)
 
 
-# logcumsumexp backward on long rows: staged whole runs (dy, x and y staged,
-# a thread's run built from its vectors) on compute capability 9.0 and up
-# for float16, bfloat16 and float32, in tiles of 4096; float64 takes the
+# logcumsumexp backward on long rows: staged tiles of 4096 (dy, x and y
+# staged, a thread's run of 16 carried by the recurrence S_s = dy_s +
+# exp(y_s - y_{s-1}) S_{s-1}, scan_staged_logcumsumexp_grad.cuh) on compute
+# capability 9.0 and up for float16, bfloat16 and float32; float64 takes the
 # long_rows kernel. 81923 = 20 * 4096 + 3 ends in a tile of three elements,
 # read and written element by element. Against the float64 reference, and
-# bit-identical run to run; then with an all -inf prefix past a tile, a
-# steep stretch, one large element, a +inf and a NaN, against the long_rows
-# kernel (x one element off alignment), since torch's own gradient is NaN
-# at -inf.
+# bit-identical run to run, with a steep stretch, a stretch of wide noise
+# (neighbouring y far apart) and dy zero over the first 6000 positions of
+# the scan either way (the tiles there carry nothing); then with an all
+# -inf prefix past a tile, one large element, a +inf and a NaN, against the
+# long_rows kernel (x one element off alignment), since torch's own
+# gradient is NaN at -inf.
 STAGED_WHOLE_RUN_ROWS = STAGED_ROWS + [(1, 81923), (2, 40960)]
 
 
@@ -1078,8 +1081,11 @@ def test_staged_logcumsumexp_backward_on_cuda(dtype):
         assert bt.scan_path(torch.empty(shape, device="meta"), -1) == "long_rows"
         x = torch.randn(shape, generator=g, dtype=torch.float64)
         x[0, 10000:20000] += torch.arange(10000, dtype=torch.float64) / 128
+        x[0, 22000:30000] *= 40
         x = x.to(dtype).cuda()
         dy = torch.randn(shape, generator=g).to(dtype).cuda()
+        dy[:, :6000] = 0
+        dy[:, -6000:] = 0
         for reverse in (False, True):
             got = our_grad(name, x, -1, reverse, dy)
             assert torch.equal(our_grad(name, x, -1, reverse, dy), got)

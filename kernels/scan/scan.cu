@@ -24,8 +24,8 @@
 #include "scan/scan_segments.cuh"
 #include "scan/scan_staged_cumprod_grad.cuh"
 #include "scan/scan_staged_extremes.cuh"
+#include "scan/scan_staged_logcumsumexp_grad.cuh"
 #include "scan/scan_staged_rows.cuh"
-#include "scan/scan_staged_whole_runs.cuh"
 #include "scan/scan_strips.cuh"
 #include "scan/scan_warp_rows.cuh"
 
@@ -276,18 +276,18 @@ KernelStatus launch_long_rows(const Op& op, const ScanShape& s, bool reverse, vo
 }
 
 // The staged tiles an op takes (scan_staged_rows.cuh): one array whole
-// (kStagedRowsApply), whole runs of several (kStagedWholeRunsApply), values
-// and positions (kStagedExtremesApply), cumprod's gradient
-// (kStagedCumprodGradApply), or none.
+// (kStagedRowsApply), values and positions (kStagedExtremesApply), cumprod's
+// gradient (kStagedCumprodGradApply), logcumsumexp's
+// (kStagedLogcumsumexpGradApply), or none.
 template <typename Op, bool kReverse>
 using StagedTilesOf = std::conditional_t<
     kStagedRowsApply<Op>, StagedPlainTiles<Op, kReverse>,
     std::conditional_t<
-        kStagedWholeRunsApply<Op>, StagedWholeRunTiles<Op, kReverse>,
+        kStagedExtremesApply<Op>, StagedExtremeTiles<Op, kReverse>,
         std::conditional_t<
-            kStagedExtremesApply<Op>, StagedExtremeTiles<Op, kReverse>,
-            std::conditional_t<kStagedCumprodGradApply<Op>, StagedCumprodGradTiles<Op, kReverse>,
-                               void>>>>;
+            kStagedCumprodGradApply<Op>, StagedCumprodGradTiles<Op, kReverse>,
+            std::conditional_t<kStagedLogcumsumexpGradApply<Op>,
+                               StagedLogcumsumexpGradTiles<Op, kReverse>, void>>>>;
 
 // One staged launch over `rows` rows of tiles_of's tiles. Their tiles are at
 // least long_rows' shortest, so the long_rows workspace holds their slots.

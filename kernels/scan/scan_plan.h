@@ -27,12 +27,11 @@
 //              (scan_staged_rows.cuh: the launcher's choice, same path
 //              name): persistent blocks stage 16 KiB tiles in shared memory
 //              and publish each tile's total a tile ahead of its scan; the
-//              same for float32 / two-byte logcumsumexp backward, its three
-//              inputs staged in tiles of 4096 (scan_staged_whole_runs.cuh),
-//              for float32 / two-byte cummax / cummin forward, x
+//              same for float32 / two-byte cummax / cummin forward, x
 //              staged in tiles of 4096 (scan_staged_extremes.cuh), and
-//              for float32 / two-byte cumprod backward, dy, x and y
-//              staged in tiles of 4096 (scan_staged_cumprod_grad.cuh).
+//              for float32 / two-byte cumprod and logcumsumexp backward,
+//              dy, x and y staged in tiles of 4096
+//              (scan_staged_grad_tiles.cuh).
 //              Or, for cummax / cummin backward on 16-byte aligned rows
 //              (scan_keyed_rows.cuh: likewise), every tile scanned alone
 //              and the one element per tile whose run comes in from the

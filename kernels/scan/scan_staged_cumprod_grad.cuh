@@ -17,13 +17,10 @@
 // tile's last element in scan order from memory (read while the tile is
 // folded, a round before its scan). No division: zeros in x are exact.
 //
-// The copy engine stages dy, x and y a tile (kCumprodGradTileLen elements)
-// at a time. Thread t takes a run of 16 consecutive elements in scan order,
-// folds it, and the block's runs are joined; once the tile's prefix is
-// known the run is read again and scanned, and its dx goes out through its
-// own vectors of dy's part of the stage, each warp store then covering 512
-// contiguous bytes. A row's last tile in memory, where it is short, is read
-// and written element by element, straight from memory.
+// The tiles hold dy, x and y as their base, StagedGradTiles
+// (scan_staged_grad_tiles.cuh), lays them out. Thread t folds its run of 16 consecutive elements in scan
+// order, and the block's runs are joined; once the tile's prefix is known
+// the run is read again and scanned, and its dx goes out through the stage.
 //
 // Measured on H100 (launcher timer, benchmarks/RESULTS.md), [1, 16M], µs,
 // against the long_rows kernel: float32 132.6-133.2 -> 121.4-122.6,
@@ -41,29 +38,23 @@
 #include <cstring>
 #include <type_traits>
 
-#include "common/hopper.cuh"
-#include "scan/scan_block.cuh"
-#include "scan/scan_plan.h"
-#include "scan/scan_staged_rows.cuh"
+#include "scan/scan_staged_grad_tiles.cuh"
 
 namespace baracuda {
 namespace scan {
 
 template <typename Op>
-struct IsCumprodBackward : std::false_type {};
-template <typename T, typename Acc>
-struct IsCumprodBackward<CumprodBackward<T, Acc>> : std::true_type {};
-
-template <typename Op>
-constexpr bool kStagedCumprodGradApply =
-    IsCumprodBackward<Op>::value && sizeof(typename Op::Storage) <= 4;
-
-constexpr int kCumprodGradRunLen = 16;
-constexpr int64_t kCumprodGradTileLen = int64_t{kScanBlock} * kCumprodGradRunLen;
+constexpr bool kStagedCumprodGradApply = IsStagedGradOf<CumprodBackward, Op>::value;
 
 template <typename Op, bool kReverse>
-struct StagedCumprodGradTiles {
+struct StagedCumprodGradTiles : StagedGradTiles<Op, kReverse> {
   using T = typename Op::Storage;
+  using Base = StagedGradTiles<Op, kReverse>;
+  using Base::Base;
+  using Base::op;
+  using Base::len;
+  static constexpr int R = Base::R;                // a run's elements
+  static constexpr int kVectors = Base::kVectors;  // and its vectors of each input
   using State = StateOf<Op>;  // Affine: q -> scale q + shift
   using Acc = decltype(State::scale);
   // What a run carries R and its map in: double for float32 elements. The
@@ -75,75 +66,19 @@ struct StagedCumprodGradTiles {
   using Wide = std::conditional_t<sizeof(T) == 4, double, Acc>;
   using Totals = TotalsOf<Op>;
   using Total = TotalOf<Op>;
-  static constexpr int R = kCumprodGradRunLen;
-  static constexpr int kElems = 16 / int{sizeof(T)};  // a vector's
-  static constexpr int kVectors = R / kElems;         // a run's, of each input
-  static constexpr int64_t kTileLen = kCumprodGradTileLen;
-  static constexpr int kTileBytes = static_cast<int>(kTileLen * int64_t{sizeof(T)});
-  static constexpr int kArrays = 3;  // dy, x, y, in that order in the stage
-  static constexpr int kStageBytes = kArrays * kTileBytes;
-  // Two stages of float32 take 96 KiB a block: two blocks an SM. Two-byte
-  // stages are half that: three blocks, three stages.
-  static constexpr int kBlocksPerSm = sizeof(T) == 2 ? 3 : 2;
-  static constexpr int kStages = sizeof(T) == 2 ? 3 : 2;
-  // The early prefix reads hold 4 KiB of shared memory a block: with them,
-  // three blocks of two-byte stages do not fit an SM, and two ran (H100,
-  // bfloat16 [1, 16M] benchmark row: 69.86 us with them, 66.50 and 66.37
-  // without).
-  static constexpr bool kEarlyPrefix = sizeof(T) == 4;
-  static_assert(kTileLen >= ::baracuda::kTileLen, "the workspace holds a slot per tile");
   static_assert(std::is_same<Total, State>::value, "the tiles publish the op's own states");
+  static_assert(std::is_same<Acc, float>::value, "float32 and two-byte elements");
 
   struct Fold {
     Total before;  // everything in the tile before the thread's run
     Acc after;     // y after the tile's last element in scan order (thread 255)
   };
 
-  Op op;
-  int64_t len, tiles;
-
   __device__ Totals totals() const { return totals_of(op); }
-  __device__ StagedPlace place(int64_t g) const {
-    return place_staged_tile<kTileLen, kReverse>(g, len, tiles);
-  }
-  __device__ static bool whole(const StagedPlace& p) { return p.valid == kTileLen; }
-  __device__ void request(const StagedPlace& p, unsigned char* stage, uint64_t* full) const {
-    if (!whole(p)) {
-      mbarrier_arrive_expect_tx(full, 0);  // read from memory
-      return;
-    }
-    mbarrier_arrive_expect_tx(full, kArrays * kTileBytes);
-    const T* inputs[kArrays] = {op.dy, op.x, op.y};
-#pragma unroll
-    for (int a = 0; a < kArrays; ++a) {
-      bulk_copy_to_shared(stage + a * kTileBytes, inputs[a] + p.first, kTileBytes, full);
-    }
-  }
 
-  // Thread t's run in memory: the tile's run 255 - t when the scan walks
-  // memory backwards, so that runs follow each other in scan order.
-  __device__ static int run_in_tile() {
-    return kReverse ? kScanBlock - 1 - int(threadIdx.x) : int(threadIdx.x);
-  }
-  __device__ static int memory_of(int s) { return kReverse ? R - 1 - s : s; }
   // y one element further in scan order, in memory: one element lower when
   // the scan walks memory backwards.
   static constexpr int kAfter = kReverse ? -1 : 1;
-
-  __device__ static Acc element(const uint4 (&raw)[kVectors], int e) {
-    return run_element<T, Acc>(raw, e);
-  }
-  // The thread's run of input `a`, read in a staggered order
-  // (staggered_rotation: runs 64 or 32 bytes apart would otherwise meet in
-  // two or four of the eight bank groups).
-  __device__ static void load_run(const unsigned char* stage, int a, uint4 (&raw)[kVectors]) {
-    const uint4* mine =
-        reinterpret_cast<const uint4*>(stage + a * kTileBytes) + run_in_tile() * kVectors;
-    const int rot = staggered_rotation<kVectors>();
-#pragma unroll
-    for (int q = 0; q < kVectors; ++q) raw[q] = mine[(q + rot) & (kVectors - 1)];
-    rotate_vectors(raw, (kVectors - rot) & (kVectors - 1));
-  }
 
   // The row position of the tile's first element in memory.
   __device__ int64_t tile_at(const StagedPlace& p) const { return p.first - p.row * len; }
@@ -151,18 +86,6 @@ struct StagedCumprodGradTiles {
   // last element has no y after it).
   __device__ Acc y_at(const StagedPlace& p, int64_t l) const {
     return l < 0 || l >= len ? Acc(1) : to_acc<Acc>(op.y[p.row * len + l]);
-  }
-
-  // The thread's run of a short tile in scan order, element by element from
-  // memory: f(tile element, its offset) for each element inside the row.
-  template <typename F>
-  __device__ void for_each_short(const StagedPlace& p, F&& f) const {
-    const int64_t run_at = int64_t{run_in_tile()} * R;  // in the tile
-#pragma unroll
-    for (int s = 0; s < R; ++s) {
-      const int64_t e = run_at + memory_of(s);
-      if (e < p.valid) f(e, p.first + e);
-    }
   }
 
   // Inside a run R itself is carried, R_f = x_{f+1} R_{f+1} + dy_f by one
@@ -189,17 +112,17 @@ struct StagedCumprodGradTiles {
   __device__ Total fold(const StagedPlace& p, unsigned char* stage, Fold& f) const {
     __shared__ typename BlockTotalsScan<Totals>::TempStorage scratch;
     RunMap run;
-    if (whole(p)) {
+    if (Base::whole(p)) {
       uint4 dy[kVectors], x[kVectors];
-      load_run(stage, 0, dy);
-      load_run(stage, 1, x);
+      Base::load_run(stage, 0, dy);
+      Base::load_run(stage, 1, x);
 #pragma unroll
-      for (int s = 0; s < R; ++s) run.step(element(dy, memory_of(s)), element(x, memory_of(s)));
+      for (int s = 0; s < R; ++s) run.step(Base::element(dy, Base::memory_of(s)), Base::element(x, Base::memory_of(s)));
       if (threadIdx.x == kScanBlock - 1) {
-        f.after = y_at(p, kReverse ? tile_at(p) - 1 : tile_at(p) + kTileLen);
+        f.after = y_at(p, kReverse ? tile_at(p) - 1 : tile_at(p) + Base::kTileLen);
       }
     } else {
-      for_each_short(p, [&](int64_t, int64_t off) {
+      Base::for_each_short(p, [&](int64_t, int64_t off) {
         run.step(to_acc<Acc>(op.dy[off]), to_acc<Acc>(op.x[off]));
       });
     }
@@ -214,10 +137,10 @@ struct StagedCumprodGradTiles {
     // Q of everything before the run (0 before the scan's start); then R
     // along the run as RunMap carries it.
     const Wide q = totals().combine(carry, f.before).shift;
-    if (!whole(p)) {
+    if (!Base::whole(p)) {
       Wide r = Wide(0), x_last = Wide(0);
       bool started = false;
-      for_each_short(p, [&](int64_t e, int64_t off) {
+      Base::for_each_short(p, [&](int64_t e, int64_t off) {
         const Wide d = to_acc<Acc>(op.dy[off]);
         r = started ? fma(x_last, r, d) : d + q;
         started = true;
@@ -227,48 +150,33 @@ struct StagedCumprodGradTiles {
       return;
     }
     uint4 dy[kVectors], x[kVectors], y[kVectors];
-    load_run(stage, 0, dy);
-    load_run(stage, 1, x);
-    load_run(stage, 2, y);
+    Base::load_run(stage, 0, dy);
+    Base::load_run(stage, 1, x);
+    Base::load_run(stage, 2, y);
     // y after the run's last element in scan order: the first of the next
     // run, which thread t + 1 holds (from the stage for a warp's last lane:
     // runs 64 bytes apart, the warp's reads there would meet in two banks),
     // or past the tile's end.
-    const int run = run_in_tile();
+    const int run = Base::run_in_tile();
     const int beyond = kReverse ? run * R - 1 : (run + 1) * R;
-    const Acc next_first = __shfl_down_sync(0xffffffffu, element(y, memory_of(0)), 1);
+    const Acc next_first = __shfl_down_sync(0xffffffffu, Base::element(y, Base::memory_of(0)), 1);
     Acc after = next_first;
     if (threadIdx.x == kScanBlock - 1) {
       after = f.after;
     } else if (threadIdx.x % 32 == 31) {
-      after = to_acc<Acc>(reinterpret_cast<const T*>(stage + 2 * kTileBytes)[beyond]);
+      after = to_acc<Acc>(reinterpret_cast<const T*>(stage + 2 * Base::kTileBytes)[beyond]);
     }
     uint4 out[kVectors];
     Wide r = Wide(0);
 #pragma unroll
     for (int s = 0; s < R; ++s) {
-      const int e = memory_of(s);
-      const Wide d = element(dy, e);
-      r = s == 0 ? d + q : fma(Wide(element(x, memory_of(s - 1))), r, d);
-      const Acc y_after = s + 1 < R ? element(y, memory_of(s + 1)) : after;
+      const int e = Base::memory_of(s);
+      const Wide d = Base::element(dy, e);
+      r = s == 0 ? d + q : fma(Wide(Base::element(x, Base::memory_of(s - 1))), r, d);
+      const Acc y_after = s + 1 < R ? Base::element(y, Base::memory_of(s + 1)) : after;
       set_run_element<T>(out, e, static_cast<Acc>(Wide(y_after) * r));
     }
-    // dx over the thread's own dy vectors, then out a vector a thread.
-    uint4* staged = reinterpret_cast<uint4*>(stage);
-    uint4* mine = staged + run * kVectors;
-    const int rot = staggered_rotation<kVectors>();
-    rotate_vectors(out, rot);
-#pragma unroll
-    for (int q = 0; q < kVectors; ++q) mine[(q + rot) & (kVectors - 1)] = out[q];
-    __syncthreads();
-    uint4* dst = reinterpret_cast<uint4*>(op.dx + p.first);
-#pragma unroll
-    for (int c = 0; c < kVectors; ++c) {
-      const int m = c * kScanBlock + threadIdx.x;
-      __stwb(dst + m, staged[m]);
-    }
-    // The copy engine writes this stage next, after the loop's barrier.
-    fence_proxy_async_shared();
+    Base::store_dx(stage, out, op.dx + p.first);
   }
 };
 

@@ -573,8 +573,9 @@ constexpr int kStagedBlocksPerSm = kStagedRuns<Op> || sizeof(StateOf<Op>) > 4 ? 
 
 // The tiles of the ops above: a tile of one array staged whole, folded and
 // scanned in the vector or the run layout. A staged kernel's tiles (this
-// one, StagedWholeRunTiles, scan_staged_whole_runs.cuh, or
-// StagedExtremeTiles, scan_staged_extremes.cuh) say how a tile is placed
+// one, StagedExtremeTiles, scan_staged_extremes.cuh, or the gradient tiles
+// of scan_staged_cumprod_grad.cuh and scan_staged_logcumsumexp_grad.cuh)
+// say how a tile is placed
 // (place), asked of the copy engine (request: thread 0 only), folded into
 // what its scan needs (fold, every thread; returns its total) and scanned
 // from everything before it and stored (scan); and whether the reads of a

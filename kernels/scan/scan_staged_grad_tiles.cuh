@@ -1,0 +1,148 @@
+// What the staged gradient tiles -- cumprod's (scan_staged_cumprod_grad.cuh)
+// and logcumsumexp's (scan_staged_logcumsumexp_grad.cuh) backward, on
+// float32 and two-byte elements -- share, as their base: how they place,
+// request and hold a tile. the copy engine stages dy,
+// x and y a tile (kTileLen elements) at a time, thread t takes a run of R
+// consecutive elements of each in scan order, and once the tile is scanned
+// dx goes out through the thread's own vectors of dy's part of the stage,
+// each warp store then covering 512 contiguous bytes. A row's last tile in
+// memory, where it is short, is read and written element by element,
+// straight from memory. The tiles add their math: the tiles type's fold,
+// scan and totals (scan_staged_rows.cuh). Included by scan.cu. No torch
+// headers.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "common/hopper.cuh"
+#include "scan/scan_block.cuh"
+#include "scan/scan_plan.h"
+#include "scan/scan_staged_rows.cuh"
+
+namespace baracuda {
+namespace scan {
+
+constexpr int kStagedGradRunLen = 16;
+
+// Whether Op is the gradient op Grad<T, Acc> on elements these tiles take
+// (float32 and two-byte).
+template <template <typename, typename> class Grad, typename Op>
+struct IsStagedGradOf : std::false_type {};
+template <template <typename, typename> class Grad, typename T, typename Acc>
+struct IsStagedGradOf<Grad, Grad<T, Acc>> : std::bool_constant<sizeof(T) <= 4> {};
+
+template <typename Op, bool kReverse>
+struct StagedGradTiles {
+  using T = typename Op::Storage;
+  static constexpr int R = kStagedGradRunLen;
+  static constexpr int kElems = 16 / int{sizeof(T)};  // a vector's
+  static constexpr int kVectors = R / kElems;         // a run's, of each input
+  static constexpr int64_t kTileLen = int64_t{kScanBlock} * R;
+  static constexpr int kTileBytes = static_cast<int>(kTileLen * int64_t{sizeof(T)});
+  static constexpr int kArrays = 3;  // dy, x, y, in that order in the stage
+  static constexpr int kStageBytes = kArrays * kTileBytes;
+  // Two stages of float32 take 96 KiB a block: two blocks an SM. Two-byte
+  // stages are half that: three blocks, three stages.
+  static constexpr int kBlocksPerSm = sizeof(T) == 2 ? 3 : 2;
+  static constexpr int kStages = sizeof(T) == 2 ? 3 : 2;
+  // The early prefix reads hold 4 KiB of shared memory a block: with them,
+  // three blocks of two-byte stages do not fit an SM, and two ran (H100,
+  // cumprod backward, bfloat16 [1, 16M] benchmark row: 69.86 us with them,
+  // 66.50 and 66.37 without).
+  static constexpr bool kEarlyPrefix = sizeof(T) == 4;
+  static_assert(kTileLen >= ::baracuda::kTileLen, "the workspace holds a slot per tile");
+
+  Op op;
+  int64_t len, tiles;  // a row's elements and tiles
+
+  // The tiles types are built by the launcher as {op, len, tiles}.
+  __host__ __device__ StagedGradTiles(const Op& op_, int64_t len_, int64_t tiles_)
+      : op(op_), len(len_), tiles(tiles_) {}
+
+  __device__ StagedPlace place(int64_t g) const {
+    return place_staged_tile<kTileLen, kReverse>(g, len, tiles);
+  }
+  __device__ static bool whole(const StagedPlace& p) { return p.valid == kTileLen; }
+
+  // Thread 0: asks the copy engine for the tile's three inputs (nothing for
+  // a short tile, read from memory).
+  __device__ void request(const StagedPlace& p, unsigned char* stage, uint64_t* full) const {
+    if (!whole(p)) {
+      mbarrier_arrive_expect_tx(full, 0);
+      return;
+    }
+    mbarrier_arrive_expect_tx(full, kArrays * kTileBytes);
+    const T* inputs[kArrays] = {op.dy, op.x, op.y};
+#pragma unroll
+    for (int a = 0; a < kArrays; ++a) {
+      bulk_copy_to_shared(stage + a * kTileBytes, inputs[a] + p.first, kTileBytes, full);
+    }
+  }
+
+  // Thread t's run in memory: the tile's run 255 - t when the scan walks
+  // memory backwards, so that runs follow each other in scan order.
+  __device__ static int run_in_tile() {
+    return kReverse ? kScanBlock - 1 - int(threadIdx.x) : int(threadIdx.x);
+  }
+  // The memory place, within its run, of the run's s-th element in scan order.
+  __device__ static int memory_of(int s) { return kReverse ? R - 1 - s : s; }
+
+  // The thread's run of input `a`, read in a staggered order
+  // (staggered_rotation: runs 64 or 32 bytes apart would otherwise meet in
+  // two or four of the eight bank groups).
+  __device__ static void load_run(const unsigned char* stage, int a, uint4 (&raw)[kVectors]) {
+    const uint4* mine =
+        reinterpret_cast<const uint4*>(stage + a * kTileBytes) + run_in_tile() * kVectors;
+    const int rot = staggered_rotation<kVectors>();
+#pragma unroll
+    for (int q = 0; q < kVectors; ++q) raw[q] = mine[(q + rot) & (kVectors - 1)];
+    rotate_vectors(raw, (kVectors - rot) & (kVectors - 1));
+  }
+  __device__ static float element(const uint4 (&raw)[kVectors], int e) {
+    return run_element<T, float>(raw, e);
+  }
+
+  // The thread's run of a short tile in scan order, element by element from
+  // memory: f(tile element, its offset) for each element inside the row.
+  template <typename F>
+  __device__ static void for_each_short(const StagedPlace& p, F&& f) {
+    const int64_t run_at = int64_t{run_in_tile()} * R;  // in the tile
+#pragma unroll
+    for (int s = 0; s < R; ++s) {
+      const int64_t e = run_at + memory_of(s);
+      if (e < p.valid) f(e, p.first + e);
+    }
+  }
+
+  // Writes `raw` (the thread's run, in memory order) over its run of input
+  // `a` in the stage, staggered as load_run reads. `raw` is left rotated.
+  __device__ static void store_run(unsigned char* stage, int a, uint4 (&raw)[kVectors]) {
+    uint4* mine = reinterpret_cast<uint4*>(stage + a * kTileBytes) + run_in_tile() * kVectors;
+    const int rot = staggered_rotation<kVectors>();
+    rotate_vectors(raw, rot);
+#pragma unroll
+    for (int q = 0; q < kVectors; ++q) mine[(q + rot) & (kVectors - 1)] = raw[q];
+  }
+
+  // A whole tile's dx, the thread's run `out` in memory order: over the
+  // thread's own dy vectors (read already), then out a vector a thread.
+  // Ends with the stage free for the copy engine once the caller's loop has
+  // passed its barrier.
+  __device__ static void store_dx(unsigned char* stage, uint4 (&out)[kVectors], T* dx_tile) {
+    store_run(stage, 0, out);
+    __syncthreads();
+    const uint4* staged = reinterpret_cast<const uint4*>(stage);
+    uint4* dst = reinterpret_cast<uint4*>(dx_tile);
+#pragma unroll
+    for (int c = 0; c < kVectors; ++c) {
+      const int m = c * kScanBlock + threadIdx.x;
+      __stwb(dst + m, staged[m]);
+    }
+    // The copy engine writes this stage next, after the loop's barrier.
+    fence_proxy_async_shared();
+  }
+};
+
+}  // namespace scan
+}  // namespace baracuda

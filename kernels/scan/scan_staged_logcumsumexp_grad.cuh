@@ -1,0 +1,186 @@
+// Staged logcumsumexp gradient: the staged long rows (scan_staged_rows.cuh)
+// for logcumsumexp's backward (LogcumsumexpBackward, scan_ops.h) on float32
+// and two-byte elements, on the tiles base StagedGradTiles
+// (scan_staged_grad_tiles.cuh). Same loop and conditions as the staged long
+// rows (rows starting 16 bytes aligned, compute capability 9.0 and up);
+// only the tiles differ. Included by scan.cu. No torch headers.
+//
+// In the backward's scan order, dx_s = exp(x_s - y_s) S_s with
+// S_s = sum over the terms j up to s of dy_j exp(y_s - y_j), a linear
+// recurrence: S_s = dy_s + exp(y_s - y_{s-1}) S_{s-1}. y never rises along
+// the scan (it is the forward's running log-sum), so every factor is at most
+// 1 and nothing overflows, however far y spreads. A stretch of the scan
+// sums to (m, s): m the y of its last element, s its S from its own terms
+// alone; stretches join by one exp (TrailingSumCombine). A run folds
+// and scans by the recurrence, one exp an element, where
+// LogcumsumexpBackward's scaled sums weigh every term against the run's
+// largest and rejoin the run at every element.
+//
+// Every exp of a run -- its factors and the weights exp(x_s - y_s) of dx --
+// is the bare power of two (exp_of_gap), float32 included. A factor's
+// arguments are neighbouring y, close together, so it is off by about the
+// instruction's 2^-22, and a run chains 16 of them: about 4e-6 relative on
+// the terms carried furthest, where LogcumsumexpBackward's float32 sums keep
+// 6e-7 (scan_ops.h). A weight's argument, rounded once, puts it off by
+// |x - y| 2^-24 besides: under 6e-6 relative down to where the power
+// flushes to 0 (x more than 87 below y, a weight under 1e-38). The tiles'
+// joins take the corrected exp_nonpositive.
+//
+// Measured on H100 (launcher timer, benchmarks/RESULTS.md), [1, 16M], us,
+// against the staged tiles that joined LogcumsumexpBackward's scaled sums
+// along every run: float32 137.1-137.3 -> 119.5-120.3 (125.1-125.8 with
+// float32's corrected exp), bfloat16 100.0-101.4 -> 77.4-78.0. Slower:
+// float32 folds that left each run's factors and weights in the stage for
+// its scan (126.1-130.3, 128 registers).
+//
+// Special values as LogcumsumexpBackward gives them: an element whose y is
+// infinite carries no term (an all -inf prefix; everything after a +inf),
+// dx is 0 where x is -inf or S is 0, and a NaN in y reaches every S after it.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "scan/scan_staged_grad_tiles.cuh"
+
+namespace baracuda {
+namespace scan {
+
+template <typename Op>
+constexpr bool kStagedLogcumsumexpGradApply = IsStagedGradOf<LogcumsumexpBackward, Op>::value;
+
+// A stretch of the recurrence above: m the y of its last element, s the S
+// there from its own terms alone. Its own type, not ScaledSum: the block
+// scans take ScaledSum<float> by reference to its largest exponent
+// (kScansByReference, scan_block.cuh), which is not this join.
+template <typename Acc>
+struct TrailingSum {
+  Acc m;
+  Acc s;
+};
+
+// The join of stretches. The identity, an empty stretch, is (+inf, 0); so
+// is a stretch of elements whose y is +inf, which in the forward's output
+// only ever come first in the scan.
+template <typename Acc>
+struct TrailingSumCombine {
+  using State = TrailingSum<Acc>;
+  __device__ State identity() const { return {-neg_inf<Acc>(), Acc(0)}; }
+  __device__ State combine(State a, State b) const {
+    if (b.m == -neg_inf<Acc>() && b.s == Acc(0)) return a;
+    if (a.s == Acc(0)) return b;  // nothing carried: no factor, no NaN from inf - inf
+    return {b.m, fma(exp_nonpositive(b.m - a.m), a.s, b.s)};
+  }
+};
+
+template <typename Op, bool kReverse>
+struct StagedLogcumsumexpGradTiles : StagedGradTiles<Op, kReverse> {
+  using T = typename Op::Storage;
+  using Base = StagedGradTiles<Op, kReverse>;
+  using Base::Base;
+  using Base::op;
+  using Base::len;
+  static constexpr int R = Base::R;                // a run's elements
+  static constexpr int kVectors = Base::kVectors;  // and its vectors of each input
+  using Acc = float;
+  using Totals = TrailingSumCombine<Acc>;
+  using Total = TrailingSum<Acc>;
+  static_assert(std::is_same<StateOf<Op>, ScaledSum<Acc>>::value, "float accumulators");
+
+  struct Fold {
+    Total before;  // everything in the tile before the thread's run
+  };
+
+  __device__ Totals totals() const { return {}; }
+
+  // One element's stretch: its y, and its term unless y is infinite.
+  __device__ static Total element_stretch(Acc y, Acc dy) {
+    return {y, is_finite(y) || y != y ? dy : Acc(0)};
+  }
+  // exp(d) as 2^(d log2(e)) by the bare instruction (see the head of the
+  // file); 0 for d = -inf.
+  __device__ static Acc exp_of_gap(Acc d) { return exp2_flush(d * 1.44269502f); }
+  __device__ static Acc dx_of(Acc x, Acc y, Acc s) {
+    return x == neg_inf<Acc>() || s == Acc(0) ? Acc(0) : exp_of_gap(x - y) * s;
+  }
+
+  // Carries `st` along the thread's run (y(k), dy(k): its k-th element in
+  // scan order), handing out(k, S_k). Where every y of the run is finite the
+  // recurrence runs bare; otherwise element by element through the join,
+  // which keeps infinities to their meaning.
+  template <typename Y, typename Dy, typename Out>
+  __device__ static void walk_run(Total& st, Y&& y, Dy&& dy, Out&& out) {
+    Acc sum = Acc(0);
+#pragma unroll
+    for (int k = 0; k < R; ++k) sum += y(k);
+    if (is_finite(sum)) {
+      // An empty carry's m may be anything: its factor must be 0, not NaN.
+      Acc m = st.s == Acc(0) ? -neg_inf<Acc>() : st.m, s = st.s;
+#pragma unroll
+      for (int k = 0; k < R; ++k) {
+        const Acc yk = y(k);
+        s = fmaf(exp_of_gap(yk - m), s, dy(k));
+        m = yk;
+        out(k, s);
+      }
+      st = {m, s};
+      return;
+    }
+    const Totals join;
+#pragma unroll
+    for (int k = 0; k < R; ++k) {
+      st = join.combine(st, element_stretch(y(k), dy(k)));
+      out(k, st.s);
+    }
+  }
+
+  __device__ Total fold(const StagedPlace& p, unsigned char* stage, Fold& f) const {
+    __shared__ typename BlockTotalsScan<Totals>::TempStorage scratch;
+    Total run = totals().identity();
+    if (Base::whole(p)) {
+      uint4 dy[kVectors], y[kVectors];
+      Base::load_run(stage, 0, dy);
+      Base::load_run(stage, 2, y);
+      walk_run(
+          run, [&](int k) { return Base::element(y, Base::memory_of(k)); },
+          [&](int k) { return Base::element(dy, Base::memory_of(k)); }, [](int, Acc) {});
+    } else {
+      Base::for_each_short(p, [&](int64_t, int64_t off) {
+        const Total e = element_stretch(to_acc<Acc>(op.y[off]), to_acc<Acc>(op.dy[off]));
+        run = totals().combine(run, e);
+      });
+    }
+    Total tile_total;
+    BlockTotalsScan<Totals>::exclusive(scratch, totals(), run, f.before, tile_total);
+    __syncthreads();  // scratch free for the next fold
+    return tile_total;
+  }
+
+  __device__ void scan(const StagedPlace& p, unsigned char* stage, const Fold& f,
+                       const Total& carry) const {
+    Total st = totals().combine(carry, f.before);
+    if (!Base::whole(p)) {
+      Base::for_each_short(p, [&](int64_t, int64_t off) {
+        const Acc yv = to_acc<Acc>(op.y[off]);
+        st = totals().combine(st, element_stretch(yv, to_acc<Acc>(op.dy[off])));
+        op.dx[off] = from_acc<T>(dx_of(to_acc<Acc>(op.x[off]), yv, st.s));
+      });
+      return;
+    }
+    uint4 dy[kVectors], x[kVectors], y[kVectors], out[kVectors];
+    Base::load_run(stage, 0, dy);
+    Base::load_run(stage, 1, x);
+    Base::load_run(stage, 2, y);
+    walk_run(
+        st, [&](int k) { return Base::element(y, Base::memory_of(k)); },
+        [&](int k) { return Base::element(dy, Base::memory_of(k)); },
+        [&](int k, Acc s) {
+          const int e = Base::memory_of(k);
+          set_run_element<T>(out, e, dx_of(Base::element(x, e), Base::element(y, e), s));
+        });
+    Base::store_dx(stage, out, op.dx + p.first);
+  }
+};
+
+}  // namespace scan
+}  // namespace baracuda
