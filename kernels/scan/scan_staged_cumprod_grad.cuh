@@ -35,7 +35,6 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 #include <type_traits>
 
 #include "scan/scan_staged_grad_tiles.cuh"

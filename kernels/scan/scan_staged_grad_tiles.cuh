@@ -1,15 +1,14 @@
 // What the staged gradient tiles -- cumprod's (scan_staged_cumprod_grad.cuh)
 // and logcumsumexp's (scan_staged_logcumsumexp_grad.cuh) backward, on
 // float32 and two-byte elements -- share, as their base: how they place,
-// request and hold a tile. the copy engine stages dy,
-// x and y a tile (kTileLen elements) at a time, thread t takes a run of R
-// consecutive elements of each in scan order, and once the tile is scanned
-// dx goes out through the thread's own vectors of dy's part of the stage,
-// each warp store then covering 512 contiguous bytes. A row's last tile in
-// memory, where it is short, is read and written element by element,
-// straight from memory. The tiles add their math: the tiles type's fold,
-// scan and totals (scan_staged_rows.cuh). Included by scan.cu. No torch
-// headers.
+// request and hold a tile. The copy engine stages dy, x and y a tile
+// (kTileLen elements) at a time, thread t takes a run of R consecutive
+// elements of each in scan order, and once the tile is scanned dx goes out
+// through the thread's own vectors of dy's part of the stage, each warp
+// store then covering 512 contiguous bytes. A row's last tile in memory,
+// where it is short, is read and written element by element, straight from
+// memory. The tiles add their math: the tiles type's fold, scan and totals
+// (scan_staged_rows.cuh). Included by scan.cu. No torch headers.
 #pragma once
 
 #include <cstdint>
