@@ -11,7 +11,8 @@
 // tile's prefix is in, 5 + 4i when the tile is scanned. The stamps cost the
 // kernel a few microseconds a call. print_staged_timeline() summarises the
 // last launch: for each mark, the spread over the blocks of its time since
-// the first block's start. The device array lives in scan.cu's translation
+// the first block's start, and the blocks whose first fold came out last
+// (group closers, on H100: benchmarks/RESULTS.md). The device array lives in scan.cu's translation
 // unit, which alone includes this file, so the two host functions are
 // defined here, not inline, for the timer to declare and call.
 #pragma once
@@ -76,6 +77,15 @@ void print_staged_timeline() {
   std::printf("timeline of %d blocks, us from the first block's start\n", blocks);
   line("block start", 0, 0);
   line("first fold published", 0, 1);
+  // The first folds published last hold back every later tile's first scan.
+  std::vector<int> order(blocks);
+  for (int b = 0; b < blocks; ++b) order[b] = b;
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return at(a, 1) > at(b, 1); });
+  std::printf("  last first folds:");
+  for (int k = 0; k < std::min(blocks, 12); ++k) {
+    std::printf(" b%d %.2f", order[k], (at(order[k], 1) - t0) / 1e3);
+  }
+  std::printf(" us\n");
   for (int r = 0; r < kTimelineRounds; ++r) {
     line("next tile in", r, 2 + 4 * r);
     line("fold ahead published", r, 3 + 4 * r);
