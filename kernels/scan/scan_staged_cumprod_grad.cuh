@@ -125,10 +125,7 @@ struct StagedCumprodGradTiles : StagedGradTiles<Op, kReverse> {
         run.step(to_acc<Acc>(op.dy[off]), to_acc<Acc>(op.x[off]));
       });
     }
-    Total tile_total;
-    BlockTotalsScan<Totals>::exclusive(scratch, totals(), run.total(), f.before, tile_total);
-    __syncthreads();  // scratch free for the next fold
-    return tile_total;
+    return join_staged_runs(scratch, totals(), run.total(), f.before);
   }
 
   __device__ void scan(const StagedPlace& p, unsigned char* stage, const Fold& f,

@@ -202,10 +202,7 @@ struct StagedExtremeTiles {
       for_each_short(p, at,
                      [&](int64_t off, int64_t l) { mine = op.combine(mine, op.load(off, l)); });
     }
-    Total tile_total;
-    BlockTotalsScan<Totals>::exclusive(scratch, totals(), mine, f.before, tile_total);
-    __syncthreads();  // scratch free for the next fold
-    return tile_total;
+    return join_staged_runs(scratch, totals(), mine, f.before);
   }
 
   // An element's position is either one in the run (the last element so

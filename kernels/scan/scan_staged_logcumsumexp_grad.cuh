@@ -150,10 +150,7 @@ struct StagedLogcumsumexpGradTiles : StagedGradTiles<Op, kReverse> {
         run = totals().combine(run, e);
       });
     }
-    Total tile_total;
-    BlockTotalsScan<Totals>::exclusive(scratch, totals(), run, f.before, tile_total);
-    __syncthreads();  // scratch free for the next fold
-    return tile_total;
+    return join_staged_runs(scratch, totals(), run, f.before);
   }
 
   __device__ void scan(const StagedPlace& p, unsigned char* stage, const Fold& f,

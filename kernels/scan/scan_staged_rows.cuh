@@ -412,6 +412,19 @@ __device__ void scan_staged_tile(const Op& op, const StagedTile<typename Op::Sto
   }
 }
 
+// A staged tile's runs joined in thread order, the last step of a run
+// layout's fold: `before` gets everything in the tile before the thread's
+// run; returns the tile's total, in every thread, with `scratch` free again.
+template <typename Totals>
+__device__ StateOf<Totals> join_staged_runs(typename BlockTotalsScan<Totals>::TempStorage& scratch,
+                                            const Totals& totals, const StateOf<Totals>& mine,
+                                            StateOf<Totals>& before) {
+  StateOf<Totals> tile_total;
+  BlockTotalsScan<Totals>::exclusive(scratch, totals, mine, before, tile_total);
+  __syncthreads();  // scratch free for the next fold
+  return tile_total;
+}
+
 // The run layout's fold: the thread's run folded, the block's runs joined.
 template <typename Op, bool kReverse, bool kWhole>
 __device__ TotalOf<Op> fold_staged_runs(const Op& op, const StagedTile<typename Op::Storage>& t,
@@ -420,11 +433,7 @@ __device__ TotalOf<Op> fold_staged_runs(const Op& op, const StagedTile<typename 
   StateOf<Op> v[Run::kLen];
   Run::load(op, t, v);
   RunMemoOf<Op> memo;
-  const TotalOf<Op> mine = fold_run(op, v, memo);
-  TotalOf<Op> tile_total;
-  BlockTotalsScan<TotalsOf<Op>>::exclusive(scratch, totals_of(op), mine, f.before, tile_total);
-  __syncthreads();  // scratch free for the next fold
-  return tile_total;
+  return join_staged_runs(scratch, totals_of(op), fold_run(op, v, memo), f.before);
 }
 
 // The run layout's scan: the run loaded and folded again (fold_run leaves
