@@ -251,13 +251,19 @@ __device__ inline int staggered_rotation() {
 // rotation's selects cost them more than the conflicts (H100,
 // logcumsumexp [1, 16M]: float32 84.6 -> 81.5 us with it, bfloat16 55.8
 // -> 58.3 to 59.3).
-template <typename Op, bool kReverse, bool kWhole>
+// A row's short tile in the run layout is first made whole in its stage
+// (complete_short_stage), so a run is always read from the stage: read
+// element by element from memory, as the vector layout reads a short tile,
+// two-byte runs of 32 held more registers than the whole ones and set the
+// kernel's count (84 bytes of spill at 80 registers; none without).
+template <typename Op, bool kReverse>
 struct StagedRun {
-  using Vector = StagedVector<Op, kReverse, kWhole>;
+  using Vector = StagedVector<Op, kReverse, true>;
   using Acc = StateOf<Op>;
+  using T = typename Op::Storage;
   using Part = Acc[Vector::kElems];
   static constexpr int kLen = kStagedVectors * Vector::kElems;
-  static constexpr bool kRotate = sizeof(typename Op::Storage) == 4;
+  static constexpr bool kRotate = sizeof(T) == 4;
   static_assert(kStagedVectors == 4, "a thread's run is four vectors");
 
   static __device__ int vector(int j) { return threadIdx.x * kStagedVectors + j; }
@@ -269,49 +275,64 @@ struct StagedRun {
     if constexpr (kRotate) rotate_four(r, by);
   }
 
-  static __device__ void load(const Op& op, const StagedTile<typename Op::Storage>& t,
-                              Acc (&v)[kLen]) {
-    if constexpr (kWhole) {
-      const int rot = rotation();
-      uint4 r[4];
+  static __device__ void load(const StagedTile<T>& t, Acc (&v)[kLen]) {
+    const int rot = rotation();
+    uint4 r[4];
 #pragma unroll
-      for (int q = 0; q < 4; ++q) r[q] = t.stage[Vector::memory_vector(vector((q + rot) & 3))];
-      rotate(r, (4 - rot) & 3);
+    for (int q = 0; q < 4; ++q) r[q] = t.stage[Vector::memory_vector(vector((q + rot) & 3))];
+    rotate(r, (4 - rot) & 3);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) Vector::unpack(r[j], part(v, j));
-    } else {
-#pragma unroll
-      for (int j = 0; j < kStagedVectors; ++j) Vector::load(op, t, vector(j), part(v, j));
-    }
+    for (int j = 0; j < 4; ++j) Vector::unpack(r[j], part(v, j));
   }
 
-  // A whole tile goes back through its stage, then out in the vector
-  // layout's order, each warp's stores 512 contiguous bytes: a thread's own
-  // run stored directly would leave every 16-byte store a quarter of the
-  // 64 bytes the thread writes, and half of each sector it touches. The
-  // stage is read until the caller's next barrier.
-  static __device__ void store(const StagedTile<typename Op::Storage>& t, Acc (&v)[kLen]) {
-    if constexpr (kWhole) {
-      const int rot = rotation();
-      uint4 r[4];
+  // The tile goes back through its stage, then out in the vector layout's
+  // order, each warp's stores 512 contiguous bytes: a thread's own run
+  // stored directly would leave every 16-byte store a quarter of the 64
+  // bytes the thread writes, and half of each sector it touches. A short
+  // tile stores its elements inside the row alone. The stage is read until
+  // the caller's next barrier.
+  static __device__ void store(const StagedTile<T>& t, Acc (&v)[kLen]) {
+    const int rot = rotation();
+    uint4 r[4];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) r[j] = Vector::pack(part(v, j));
-      rotate(r, rot);
+    for (int j = 0; j < 4; ++j) r[j] = Vector::pack(part(v, j));
+    rotate(r, rot);
 #pragma unroll
-      for (int q = 0; q < 4; ++q) t.stage[Vector::memory_vector(vector((q + rot) & 3))] = r[q];
-      __syncthreads();
-      uint4* dst = reinterpret_cast<uint4*>(t.dst);
+    for (int q = 0; q < 4; ++q) t.stage[Vector::memory_vector(vector((q + rot) & 3))] = r[q];
+    __syncthreads();
+    uint4* dst = reinterpret_cast<uint4*>(t.dst);
+    const T* staged = reinterpret_cast<const T*>(t.stage);
 #pragma unroll
-      for (int c = 0; c < kStagedVectors; ++c) {
-        const int m = c * kScanBlock + threadIdx.x;
+    for (int c = 0; c < kStagedVectors; ++c) {
+      const int m = c * kScanBlock + threadIdx.x;
+      const int64_t first = int64_t{m} * Vector::kElems;
+      if (first + Vector::kElems <= t.valid) {
         dst[m] = t.stage[m];
+      } else {
+        for (int64_t p = first; p < t.valid; ++p) t.dst[p] = staged[p];
       }
-    } else {
-#pragma unroll
-      for (int j = 0; j < kStagedVectors; ++j) Vector::store(t, vector(j), part(v, j));
     }
+    // The copy engine writes this stage next, after the loop's barrier.
+    fence_proxy_async_shared();
   }
 };
+
+// Makes a row's short tile whole in its stage for the run layout: the
+// elements the copy engine left out (the row's last partial vector) read
+// from memory, the positions past the row set to the identity (which a
+// scan may take anywhere: the identity joined to a state gives the state
+// bit for bit, and results past the row are not stored). Ends behind a
+// barrier.
+template <typename Op>
+__device__ void complete_short_stage(const Op& op, const StagedTile<typename Op::Storage>& t) {
+  using T = typename Op::Storage;
+  T* staged = reinterpret_cast<T*>(t.stage);
+  const T identity = from_acc<T>(op.identity());
+  for (int64_t p = t.staged + threadIdx.x; p < kStagedTileLen<T>; p += kScanBlock) {
+    staged[p] = p < t.valid ? t.src[p] : identity;
+  }
+  __syncthreads();
+}
 
 // What a thread keeps of a folded tile in the vector layout: for each of
 // its vectors, everything in the tile before it, and each chunk's total (a
@@ -426,24 +447,26 @@ __device__ StateOf<Totals> join_staged_runs(typename BlockTotalsScan<Totals>::Te
 }
 
 // The run layout's fold: the thread's run folded, the block's runs joined.
-template <typename Op, bool kReverse, bool kWhole>
+// A short tile's stage is made whole first, for this fold and its scan.
+template <typename Op, bool kReverse>
 __device__ TotalOf<Op> fold_staged_runs(const Op& op, const StagedTile<typename Op::Storage>& t,
                                         StagedRunFold<Op>& f, StagedScratch<Op>& scratch) {
-  using Run = StagedRun<Op, kReverse, kWhole>;
+  using Run = StagedRun<Op, kReverse>;
+  if (t.valid < kStagedTileLen<typename Op::Storage>) complete_short_stage(op, t);
   StateOf<Op> v[Run::kLen];
-  Run::load(op, t, v);
+  Run::load(t, v);
   RunMemoOf<Op> memo;
   return join_staged_runs(scratch, totals_of(op), fold_run(op, v, memo), f.before);
 }
 
 // The run layout's scan: the run loaded and folded again (fold_run leaves
 // in it what scan_thread_run reads), scanned from `carry` and stored.
-template <typename Op, bool kReverse, bool kWhole>
+template <typename Op, bool kReverse>
 __device__ void scan_staged_runs(const Op& op, const StagedTile<typename Op::Storage>& t,
                                  const StagedRunFold<Op>& f, TotalOf<Op> carry) {
-  using Run = StagedRun<Op, kReverse, kWhole>;
+  using Run = StagedRun<Op, kReverse>;
   StateOf<Op> v[Run::kLen];
-  Run::load(op, t, v);
+  Run::load(t, v);
   RunMemoOf<Op> memo;
   fold_run(op, v, memo);
   scan_thread_run(op, totals_of(op).combine(carry, f.before), v, memo);
@@ -454,11 +477,10 @@ __device__ void scan_staged_runs(const Op& op, const StagedTile<typename Op::Sto
 template <typename Op, bool kReverse>
 __device__ TotalOf<Op> fold_staged(const Op& op, const StagedTile<typename Op::Storage>& t,
                                    StagedFold<Op>& f, StagedScratch<Op>& scratch) {
-  const bool whole = t.valid == kStagedTileLen<typename Op::Storage>;
   if constexpr (kStagedRuns<Op>) {
-    return whole ? fold_staged_runs<Op, kReverse, true>(op, t, f, scratch)
-                 : fold_staged_runs<Op, kReverse, false>(op, t, f, scratch);
+    return fold_staged_runs<Op, kReverse>(op, t, f, scratch);
   } else {
+    const bool whole = t.valid == kStagedTileLen<typename Op::Storage>;
     return whole ? fold_staged_tile<Op, kReverse, true>(op, t, f, scratch)
                  : fold_staged_tile<Op, kReverse, false>(op, t, f, scratch);
   }
@@ -468,15 +490,10 @@ __device__ TotalOf<Op> fold_staged(const Op& op, const StagedTile<typename Op::S
 template <typename Op, bool kReverse>
 __device__ void scan_staged(const Op& op, const StagedTile<typename Op::Storage>& t,
                             const StagedFold<Op>& f, TotalOf<Op> carry) {
-  const bool whole = t.valid == kStagedTileLen<typename Op::Storage>;
   if constexpr (kStagedRuns<Op>) {
-    if (whole) {
-      scan_staged_runs<Op, kReverse, true>(op, t, f, carry);
-    } else {
-      scan_staged_runs<Op, kReverse, false>(op, t, f, carry);
-    }
+    scan_staged_runs<Op, kReverse>(op, t, f, carry);
   } else {
-    if (whole) {
+    if (t.valid == kStagedTileLen<typename Op::Storage>) {
       scan_staged_tile<Op, kReverse, true>(op, t, f, carry);
     } else {
       scan_staged_tile<Op, kReverse, false>(op, t, f, carry);
@@ -572,13 +589,17 @@ __device__ StateOf<Op> finish_staged_prefix(const Op& op,
 }
 
 // Blocks per SM: four, as many as the stages' shared memory allows, where
-// the registers of float states fit; float64 states take three, and so do
-// runs (80 registers). H100, logcumsumexp [1, 16M] before the rotation
-// above: float32 99.2 / 84.6 / 82.0 us at two / three / four blocks (at
-// four with 16 bytes of spill), bfloat16 60.2 / 55.8 / 59.4 (its 32-element
-// runs spill about 100 bytes at three, 250 at four, none at two).
+// the registers of float states fit, float32 runs included (64 registers,
+// no spill, since short tiles are completed in the stage: H100, launcher
+// timer, logcumsumexp [1, 16M] 72.3-73.4 -> 68.8-69.7 us, three runs
+// each). float64 states take three, and so do two-byte runs of 32 (80
+// registers; at four they spill 116 bytes). Earlier, logcumsumexp [1, 16M]
+// before the rotation above: float32 99.2 / 84.6 / 82.0 us at two / three /
+// four blocks (at four with 16 bytes of spill), bfloat16 60.2 / 55.8 /
+// 59.4 (then spilling about 100 bytes at three, 250 at four, none at two).
 template <typename Op>
-constexpr int kStagedBlocksPerSm = kStagedRuns<Op> || sizeof(StateOf<Op>) > 4 ? 3 : 4;
+constexpr int kStagedBlocksPerSm =
+    sizeof(StateOf<Op>) > 4 || (kStagedRuns<Op> && sizeof(typename Op::Storage) < 4) ? 3 : 4;
 
 // The tiles of the ops above: a tile of one array staged whole, folded and
 // scanned in the vector or the run layout. A staged kernel's tiles (this
