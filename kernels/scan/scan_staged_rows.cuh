@@ -589,11 +589,12 @@ __device__ StateOf<Op> finish_staged_prefix(const Op& op,
 }
 
 // Blocks per SM: four, as many as the stages' shared memory allows, where
-// the registers of float states fit, float32 runs included (64 registers,
-// no spill, since short tiles are completed in the stage: H100, launcher
-// timer, logcumsumexp [1, 16M] 72.3-73.4 -> 68.8-69.7 us, three runs
-// each). float64 states take three, and so do two-byte runs of 32 (80
-// registers; at four they spill 116 bytes). Earlier, logcumsumexp [1, 16M]
+// the registers of float states fit, float32 runs included (64 registers
+// since short tiles are completed in the stage; no spill forward, 12 bytes
+// reversed: H100, launcher timer, logcumsumexp [1, 16M] 72.3-73.4 ->
+// 68.8-69.7 us, three runs each). float64 states take three, and so do
+// two-byte runs of 32 (80 registers; at four they spill 100-116 bytes and
+// took 48.8-49.1 -> 51.6-52.0 us). Earlier, logcumsumexp [1, 16M]
 // before the rotation above: float32 99.2 / 84.6 / 82.0 us at two / three /
 // four blocks (at four with 16 bytes of spill), bfloat16 60.2 / 55.8 /
 // 59.4 (then spilling about 100 bytes at three, 250 at four, none at two).
