@@ -22,6 +22,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <vector>
 
@@ -91,6 +92,37 @@ void print_staged_timeline() {
     line("fold ahead published", r, 3 + 4 * r);
     line("prefix in", r, 4 + 4 * r);
     if (!line("tile scanned", r, 5 + 4 * r)) break;
+  }
+  // Where a round goes, block by block: the wait for its next tile's data
+  // (from the end of the previous round's scan), the fold ahead, the wait
+  // for the prefix after it, and the scan. Medians over the blocks, apart
+  // for the group closers of a one-row launch (tile b + r * blocks closing
+  // its group of 32; they read their group's other totals after the fold).
+  std::printf("  round durations, medians over blocks (closers | others), us:\n");
+  auto median = [](std::vector<double> v) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  for (int r = 1; r < kTimelineRounds; ++r) {
+    std::vector<double> parts[2][4];
+    for (int b = 0; b < blocks; ++b) {
+      const unsigned long long before = at(b, 5 + 4 * (r - 1)), in = at(b, 2 + 4 * r),
+                               folded = at(b, 3 + 4 * r), prefix = at(b, 4 + 4 * r),
+                               scanned = at(b, 5 + 4 * r);
+      if (before == 0 || scanned == 0 || in == 0 || folded == 0) continue;
+      const int closer = (int64_t(b) + int64_t(r + 1) * blocks) % 32 == 31;
+      parts[closer][0].push_back((double(in) - double(before)) / 1e3);
+      parts[closer][1].push_back((double(folded) - double(in)) / 1e3);
+      parts[closer][2].push_back((double(prefix) - double(folded)) / 1e3);
+      parts[closer][3].push_back((double(scanned) - double(prefix)) / 1e3);
+    }
+    if (parts[0][0].empty()) break;
+    std::printf("  r%-3d data wait %5.2f | %5.2f  fold %5.2f | %5.2f  prefix wait %5.2f | %5.2f"
+                "  scan %5.2f | %5.2f\n",
+                r, median(parts[1][0]), median(parts[0][0]), median(parts[1][1]),
+                median(parts[0][1]), median(parts[1][2]), median(parts[0][2]),
+                median(parts[1][3]), median(parts[0][3]));
   }
 }
 
