@@ -302,7 +302,8 @@ template <typename Tiles>
 constexpr int64_t staged_block_shared_bytes() {
   using Flagged = FlaggedState<typename Tiles::Total>;
   return int64_t{Tiles::kStages} * Tiles::kStageBytes + int64_t{Tiles::kStages} * 8 +
-         (Tiles::kEarlyPrefix ? kScanBlock : 1) * int64_t{sizeof(Flagged)} +
+         (Tiles::kPrefixReads == PrefixReads::kEarlyShared ? kScanBlock : 1) *
+             int64_t{sizeof(Flagged)} +
          kStagedSharedBytesAside;
 }
 

@@ -135,27 +135,36 @@ __device__ bool unpack_flagged(const uint4 (&words)[FlaggedState<State>::kWords]
   return ready;
 }
 
+// A slot's words as they are now, by one volatile vector load each.
+template <typename State>
+__device__ void load_flagged_words(const FlaggedState<State>* slot, FlaggedState<State>& words) {
+#pragma unroll
+  for (int w = 0; w < FlaggedState<State>::kWords; ++w) {
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(words.words[w].x), "=r"(words.words[w].y), "=r"(words.words[w].z),
+                   "=r"(words.words[w].w)
+                 : "l"(slot->words + w)
+                 : "memory");
+  }
+}
+
 // One attempt: true, with the state in `out`, if it is out.
 template <typename State>
 __device__ bool try_read_flagged(const FlaggedState<State>* slot, State& out,
                                  uint64_t mark = kZeroedSlotsMark) {
-  uint4 words[FlaggedState<State>::kWords];
-#pragma unroll
-  for (int w = 0; w < FlaggedState<State>::kWords; ++w) {
-    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(words[w].x), "=r"(words[w].y), "=r"(words[w].z), "=r"(words[w].w)
-                 : "l"(slot->words + w)
-                 : "memory");
-  }
-  return unpack_flagged(words, out, mark);
+  FlaggedState<State> words;
+  load_flagged_words(slot, words);
+  return unpack_flagged(words.words, out, mark);
 }
 
-// A read of a flagged state put in flight now and looked at later:
+// A read of a flagged state put in flight now and looked at later, so that
+// the round trip to L2 runs under whatever the thread does before it looks.
 // issue_flagged_read copies the slot's words into `own`, the thread's copy
-// in shared memory, by cp.async, so that the round trip to L2 runs under
-// whatever the thread does before it waits, and no register is held for it
-// meanwhile. wait_flagged_read takes the copy, or if the state was not out
-// yet when it was copied, reads the slot again until it is.
+// in shared memory, by cp.async (no register held meanwhile); a copy in
+// registers is load_flagged_words' (no shared memory, four registers held
+// a word). take_flagged_read takes such a copy, or if the state was not
+// out yet when it was made, reads the slot again until it is;
+// wait_flagged_read first waits for the cp.async copy.
 template <typename State>
 __device__ void issue_flagged_read(FlaggedState<State>* own, const FlaggedState<State>* slot) {
 #pragma unroll
@@ -164,14 +173,20 @@ __device__ void issue_flagged_read(FlaggedState<State>* own, const FlaggedState<
 }
 
 template <typename State>
-__device__ State wait_flagged_read(const FlaggedState<State>* own,
+__device__ State take_flagged_read(const FlaggedState<State>& copy,
                                    const FlaggedState<State>* slot, uint64_t mark) {
-  cp_async_wait<0>();  // the copy issue_flagged_read committed
   State out;
-  if (unpack_flagged(own->words, out, mark)) return out;
+  if (unpack_flagged(copy.words, out, mark)) return out;
   while (!try_read_flagged(slot, out, mark)) {
   }
   return out;
+}
+
+template <typename State>
+__device__ State wait_flagged_read(const FlaggedState<State>* own,
+                                   const FlaggedState<State>* slot, uint64_t mark) {
+  cp_async_wait<0>();  // the copy issue_flagged_read committed
+  return take_flagged_read(*own, slot, mark);
 }
 
 // Where long_rows keeps its ticket counter and published totals (the layout

@@ -24,7 +24,7 @@
 // [1, 16M], µs: the long_rows kernel 150.0 (float32) and 123.4 (bfloat16);
 // these tiles with States all through the run (float32 only) 139.0; with
 // the lead kept as a value and a place, 120.0, and with the prefix's reads
-// sent out before the next tile's fold (kEarlyPrefix) 112.1-113.3; bfloat16
+// sent out before the next tile's fold (kPrefixReads) 112.1-113.3; bfloat16
 // 89.1-90.3 with its positions in four turns of the stage's part, 84.9-86.3
 // with a part of their own. Three blocks per SM (80 registers, up to 40 bytes of
 // spill); at four (64 registers) the scan spilled more and took 290, two
@@ -100,7 +100,7 @@ struct StagedExtremeTiles {
   static constexpr int kIndexTurns = 32 / kIndexRunsPerTurn;
   static constexpr int kBlocksPerSm = 3;  // see the measurements above
   static constexpr int kStages = kStagedStages;
-  static constexpr bool kEarlyPrefix = true;  // see the measurements above
+  static constexpr PrefixReads kPrefixReads = PrefixReads::kEarlyShared;  // see above
   static_assert(kTileLen >= ::baracuda::kTileLen, "the workspace holds a slot per tile");
   static_assert(sizeof(Total) == sizeof(State), "the tiles publish the op's own states");
 

@@ -45,11 +45,16 @@ struct StagedGradTiles {
   // stages are half that: three blocks, three stages.
   static constexpr int kBlocksPerSm = sizeof(T) == 2 ? 3 : 2;
   static constexpr int kStages = sizeof(T) == 2 ? 3 : 2;
-  // The early prefix reads hold 4 KiB of shared memory a block: with them,
+  // The early prefix reads' shared copies hold 4 KiB a block: with them,
   // three blocks of two-byte stages do not fit an SM, and two ran (H100,
   // cumprod backward, bfloat16 [1, 16M] benchmark row: 69.86 us with them,
-  // 66.50 and 66.37 without).
-  static constexpr bool kEarlyPrefix = sizeof(T) == 4;
+  // 66.50 and 66.37 without). Two-byte tiles hold their copies in registers
+  // (80 of them, up to 12 bytes of spill), three blocks still: launcher
+  // timer, bfloat16 [1, 16M], against reading after the fold, cumprod
+  // backward 65.6-66.6 -> 64.2-64.8 us, logcumsumexp backward 77.9-78.0 ->
+  // 75.7-76.5.
+  static constexpr PrefixReads kPrefixReads =
+      sizeof(T) == 4 ? PrefixReads::kEarlyShared : PrefixReads::kEarlyRegisters;
   static_assert(kTileLen >= ::baracuda::kTileLen, "the workspace holds a slot per tile");
 
   Op op;

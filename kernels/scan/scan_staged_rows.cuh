@@ -532,13 +532,18 @@ __device__ StateOf<Op> staged_prefix(const Op& op, const FlaggedState<StateOf<Op
   return join_prefix_folds(op, v);
 }
 
-// The same, read in two steps, for tiles whose fold is long enough to hide
-// a round trip to L2 (Tiles::kEarlyPrefix). start_staged_prefix puts the
-// thread's first read in flight into its copy in `reads` (warp 0: its
-// lane's earlier tile of the group; the other warps: the first of their run
-// of earlier groups) before the next tile is folded; finish_staged_prefix
-// waits for it, reads the rest and joins the warps' folds. The slots a
-// thread reads:
+// How a staged round reads its tile's prefix (Tiles::kPrefixReads): in one
+// step after the next tile's fold (staged_prefix), or in two, for tiles
+// whose fold is long enough to hide a round trip to L2. start_staged_prefix
+// puts the thread's first read in flight (warp 0: its lane's earlier tile
+// of the group; the other warps: the first of their run of earlier groups)
+// before the next tile is folded, into a copy in shared memory by cp.async
+// or into registers; finish_staged_prefix takes it, reads the rest and
+// joins the warps' folds. The shared copies cost a block 4 KiB, the
+// registers four a thread across the fold.
+enum class PrefixReads { kAfterFold, kEarlyShared, kEarlyRegisters };
+
+// The slots a thread reads:
 template <typename State>
 struct StagedPrefixSlots {
   const FlaggedState<State>* slots;
@@ -558,19 +563,24 @@ __device__ StagedPrefixSlots<State> staged_prefix_slots(const FlaggedState<State
   return {row_groups, earlier_groups_of_thread(group)};
 }
 
-template <typename State>
-__device__ void start_staged_prefix(FlaggedState<State> (&reads)[kScanBlock],
+// `copy`: the thread's own slot of the block's shared copies, or registers.
+template <PrefixReads kReads, typename State>
+__device__ void start_staged_prefix(FlaggedState<State>& copy,
                                     const FlaggedState<State>* row_tiles,
                                     const FlaggedState<State>* row_groups, int64_t tile) {
   const StagedPrefixSlots<State> mine = staged_prefix_slots(row_tiles, row_groups, tile);
   if (mine.range.begin < mine.range.end) {
-    issue_flagged_read(&reads[threadIdx.x], mine.slots + mine.range.begin);
+    if constexpr (kReads == PrefixReads::kEarlyShared) {
+      issue_flagged_read(&copy, mine.slots + mine.range.begin);
+    } else {
+      load_flagged_words(mine.slots + mine.range.begin, copy);
+    }
   }
 }
 
-template <typename Op>
+template <PrefixReads kReads, typename Op>
 __device__ StateOf<Op> finish_staged_prefix(const Op& op,
-                                            const FlaggedState<StateOf<Op>> (&reads)[kScanBlock],
+                                            const FlaggedState<StateOf<Op>>& copy,
                                             const FlaggedState<StateOf<Op>>* row_tiles,
                                             const FlaggedState<StateOf<Op>>* row_groups,
                                             int64_t tile, uint64_t mark) {
@@ -578,8 +588,9 @@ __device__ StateOf<Op> finish_staged_prefix(const Op& op,
   const StagedPrefixSlots<State> mine = staged_prefix_slots(row_tiles, row_groups, tile);
   State v = op.identity();
   if (mine.range.begin < mine.range.end) {
-    const State got =
-        wait_flagged_read(&reads[threadIdx.x], mine.slots + mine.range.begin, mark);
+    const FlaggedState<State>* first = mine.slots + mine.range.begin;
+    const State got = kReads == PrefixReads::kEarlyShared ? wait_flagged_read(&copy, first, mark)
+                                                          : take_flagged_read(copy, first, mark);
     // Warp 0 takes its tile's total as it is, the others fold onto the
     // identity (fold_group_tiles, fold_earlier_groups).
     v = threadIdx.x < 32 ? got : op.combine(v, got);
@@ -610,7 +621,7 @@ constexpr int kStagedBlocksPerSm =
 // (place), asked of the copy engine (request: thread 0 only), folded into
 // what its scan needs (fold, every thread; returns its total) and scanned
 // from everything before it and stored (scan); and whether the reads of a
-// tile's prefix go out before the next tile's fold (kEarlyPrefix).
+// tile's prefix go out before the next tile's fold (kPrefixReads).
 template <typename Op, bool kReverse>
 struct StagedPlainTiles {
   using Totals = TotalsOf<Op>;
@@ -624,7 +635,8 @@ struct StagedPlainTiles {
   // hide the prefix's reads. H100, [1, 16M], launcher timer: logcumsumexp
   // forward float32 73.5-73.8 -> 72.2-73.5 us; cumsum forward, where the
   // reads went out early too, float32 55.9 -> 60.0, bfloat16 33.1 -> 35.9.
-  static constexpr bool kEarlyPrefix = kStagedRuns<Op>;
+  static constexpr PrefixReads kPrefixReads =
+      kStagedRuns<Op> ? PrefixReads::kEarlyShared : PrefixReads::kAfterFold;
   Op op;
   int64_t len, tiles;
 
@@ -660,7 +672,9 @@ __global__ void __launch_bounds__(kScanBlock, Tiles::kBlocksPerSm)
   STAGED_STAMP(0);
   extern __shared__ __align__(128) unsigned char stages[];
   __shared__ __align__(8) uint64_t full[Tiles::kStages];
-  __shared__ FlaggedState<Total> prefix_reads[Tiles::kEarlyPrefix ? kScanBlock : 1];
+  constexpr PrefixReads kReads = Tiles::kPrefixReads;
+  __shared__ FlaggedState<Total>
+      shared_reads[kReads == PrefixReads::kEarlyShared ? kScanBlock : 1];
   const int64_t all = rows * tiles;
   const int64_t step = gridDim.x;
   auto stage_of = [&](int slot) { return stages + slot * Tiles::kStageBytes; };
@@ -699,8 +713,11 @@ __global__ void __launch_bounds__(kScanBlock, Tiles::kBlocksPerSm)
   for (int64_t g = blockIdx.x; g < all; g += step, ++i) {
     const auto row_tiles = ws.tile_totals + here.row * tiles;
     const auto row_groups = ws.group_totals + here.row * groups;
-    if constexpr (Tiles::kEarlyPrefix) {
-      start_staged_prefix(prefix_reads, row_tiles, row_groups, here.tile);
+    FlaggedState<Total> register_read;
+    FlaggedState<Total>& early_read =
+        kReads == PrefixReads::kEarlyShared ? shared_reads[threadIdx.x] : register_read;
+    if constexpr (kReads != PrefixReads::kAfterFold) {
+      start_staged_prefix<kReads>(early_read, row_tiles, row_groups, here.tile);
     }
     const int next_slot = slot + 1 == Tiles::kStages ? 0 : slot + 1;
     const int next_phase = next_slot == 0 ? phase ^ 1 : phase;
@@ -718,8 +735,9 @@ __global__ void __launch_bounds__(kScanBlock, Tiles::kBlocksPerSm)
     const Total prefix = totals.identity();
 #else
     Total prefix;
-    if constexpr (Tiles::kEarlyPrefix) {
-      prefix = finish_staged_prefix(totals, prefix_reads, row_tiles, row_groups, here.tile, mark);
+    if constexpr (kReads != PrefixReads::kAfterFold) {
+      prefix = finish_staged_prefix<kReads>(totals, early_read, row_tiles, row_groups, here.tile,
+                                            mark);
     } else {
       prefix = staged_prefix(totals, row_tiles, row_groups, here.tile, mark);
     }
