@@ -18,9 +18,11 @@
 // folded, a round before its scan). No division: zeros in x are exact.
 //
 // The tiles hold dy, x and y as their base, StagedGradTiles
-// (scan_staged_grad_tiles.cuh), lays them out. Thread t folds its run of 16 consecutive elements in scan
-// order, and the block's runs are joined; once the tile's prefix is known
-// the run is read again and scanned, and its dx goes out through the stage.
+// (scan_staged_grad_tiles.cuh), lays them out (float32: y, which only the
+// scan reads, from memory). Thread t folds its run of 16 consecutive
+// elements in scan order, and the block's runs are joined; once the tile's
+// prefix is known the run is read again and scanned, and its dx goes out
+// through the stage.
 //
 // Measured on H100 (launcher timer, benchmarks/RESULTS.md), [1, 16M], µs,
 // against the long_rows kernel: float32 132.6-133.2 -> 121.4-122.6,
@@ -46,9 +48,9 @@ template <typename Op>
 constexpr bool kStagedCumprodGradApply = IsStagedGradOf<CumprodBackward, Op>::value;
 
 template <typename Op, bool kReverse>
-struct StagedCumprodGradTiles : StagedGradTiles<Op, kReverse> {
+struct StagedCumprodGradTiles : StagedGradTiles<Op, kReverse, 2> {
   using T = typename Op::Storage;
-  using Base = StagedGradTiles<Op, kReverse>;
+  using Base = StagedGradTiles<Op, kReverse, 2>;  // y: dx alone reads it
   using Base::Base;
   using Base::op;
   using Base::len;
@@ -129,7 +131,7 @@ struct StagedCumprodGradTiles : StagedGradTiles<Op, kReverse> {
   }
 
   __device__ void scan(const StagedPlace& p, unsigned char* stage, const Fold& f,
-                       const Total& carry) const {
+                       const Total& carry, const typename Base::Prefetched& pre = {}) const {
     // Q of everything before the run (0 before the scan's start); then R
     // along the run as RunMap carries it.
     const Wide q = totals().combine(carry, f.before).shift;
@@ -148,19 +150,29 @@ struct StagedCumprodGradTiles : StagedGradTiles<Op, kReverse> {
     uint4 dy[kVectors], x[kVectors], y[kVectors];
     Base::load_run(stage, 0, dy);
     Base::load_run(stage, 1, x);
-    Base::load_run(stage, 2, y);
+    if constexpr (Base::kPrefetches) {
+#pragma unroll
+      for (int q = 0; q < kVectors; ++q) y[q] = pre.raw[q];
+    } else {
+      Base::load_run(stage, 2, y);
+    }
     // y after the run's last element in scan order: the first of the next
     // run, which thread t + 1 holds (from the stage for a warp's last lane:
     // runs 64 bytes apart, the warp's reads there would meet in two banks),
     // or past the tile's end.
-    const int run = Base::run_in_tile();
-    const int beyond = kReverse ? run * R - 1 : (run + 1) * R;
     const Acc next_first = __shfl_down_sync(0xffffffffu, Base::element(y, Base::memory_of(0)), 1);
     Acc after = next_first;
     if (threadIdx.x == kScanBlock - 1) {
       after = f.after;
     } else if (threadIdx.x % 32 == 31) {
-      after = to_acc<Acc>(reinterpret_cast<const T*>(stage + 2 * Base::kTileBytes)[beyond]);
+      if constexpr (Base::kPrefetches) {
+        after = pre.next;
+      } else {
+        const int run = Base::run_in_tile();
+        const int beyond = kReverse ? run * R - 1 : (run + 1) * R;
+        after = to_acc<Acc>(
+            reinterpret_cast<const T*>(stage + Base::stage_part(2) * Base::kTileBytes)[beyond]);
+      }
     }
     uint4 out[kVectors];
     Wide r = Wide(0);

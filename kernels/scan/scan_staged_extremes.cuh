@@ -101,6 +101,7 @@ struct StagedExtremeTiles {
   static constexpr int kBlocksPerSm = 3;  // see the measurements above
   static constexpr int kStages = kStagedStages;
   static constexpr PrefixReads kPrefixReads = PrefixReads::kEarlyShared;  // see above
+  static constexpr bool kPrefetches = false;
   static_assert(kTileLen >= ::baracuda::kTileLen, "the workspace holds a slot per tile");
   static_assert(sizeof(Total) == sizeof(State), "the tiles publish the op's own states");
 

@@ -2,8 +2,10 @@
 // and logcumsumexp's (scan_staged_logcumsumexp_grad.cuh) backward, on
 // float32 and two-byte elements -- share, as their base: how they place,
 // request and hold a tile. The copy engine stages dy, x and y a tile
-// (kTileLen elements) at a time, thread t takes a run of R consecutive
-// elements of each in scan order, and once the tile is scanned dx goes out
+// (kTileLen elements) at a time (float32: the two the fold reads, the
+// third read by the scan from memory), thread t takes a run of R
+// consecutive elements of each in scan order, and once the tile is scanned
+// dx goes out
 // through the thread's own vectors of dy's part of the stage, each warp
 // store then covering 512 contiguous bytes. A row's last tile in memory,
 // where it is short, is read and written element by element, straight from
@@ -31,7 +33,8 @@ struct IsStagedGradOf : std::false_type {};
 template <template <typename, typename> class Grad, typename T, typename Acc>
 struct IsStagedGradOf<Grad, Grad<T, Acc>> : std::bool_constant<sizeof(T) <= 4> {};
 
-template <typename Op, bool kReverse>
+// kScanOnly: the input (1 x, 2 y) that only the scan reads, not the fold.
+template <typename Op, bool kReverse, int kScanOnly>
 struct StagedGradTiles {
   using T = typename Op::Storage;
   static constexpr int R = kStagedGradRunLen;
@@ -39,12 +42,22 @@ struct StagedGradTiles {
   static constexpr int kVectors = R / kElems;         // a run's, of each input
   static constexpr int64_t kTileLen = int64_t{kScanBlock} * R;
   static constexpr int kTileBytes = static_cast<int>(kTileLen * int64_t{sizeof(T)});
-  static constexpr int kArrays = 3;  // dy, x, y, in that order in the stage
+  static constexpr int kInputs = 3;  // dy, x, y
+  // Float32 tiles leave the input only their scan reads out of the stage:
+  // the scan's threads read their runs of it straight from memory
+  // (prefetch), sent out after the fold ahead and before the wait for the
+  // prefix. Three stages of the other two take 96 KiB a block, two blocks
+  // an SM, where three stages of all three would leave one; with two
+  // stages, a block asked for a tile only as the scan before it ended, and
+  // waited for it at the next round's start (launcher timer, H100,
+  // float32 [1, 16M], us: cumprod backward 115.6-115.7 -> 109.6-112.5,
+  // logcumsumexp backward 118.6-120.1 -> 112.6-115.1). Two-byte tiles
+  // stage all three: three stages, three blocks.
+  static constexpr bool kPrefetches = sizeof(T) == 4;
+  static constexpr int kArrays = kPrefetches ? 2 : 3;  // staged, in input order
   static constexpr int kStageBytes = kArrays * kTileBytes;
-  // Two stages of float32 take 96 KiB a block: two blocks an SM. Two-byte
-  // stages are half that: three blocks, three stages.
   static constexpr int kBlocksPerSm = sizeof(T) == 2 ? 3 : 2;
-  static constexpr int kStages = sizeof(T) == 2 ? 3 : 2;
+  static constexpr int kStages = 3;
   // The early prefix reads' shared copies hold 4 KiB a block: with them,
   // three blocks of two-byte stages do not fit an SM, and two ran (H100,
   // cumprod backward, bfloat16 [1, 16M] benchmark row: 69.86 us with them,
@@ -69,19 +82,55 @@ struct StagedGradTiles {
   }
   __device__ static bool whole(const StagedPlace& p) { return p.valid == kTileLen; }
 
-  // Thread 0: asks the copy engine for the tile's three inputs (nothing for
-  // a short tile, read from memory).
+  __device__ const T* input(int a) const { return a == 0 ? op.dy : a == 1 ? op.x : op.y; }
+  // Whether input `a` is staged, and where.
+  __device__ static constexpr bool staged(int a) { return !kPrefetches || a != kScanOnly; }
+  __device__ static constexpr int stage_part(int a) {
+    return kPrefetches && a > kScanOnly ? a - 1 : a;
+  }
+
+  // Thread 0: asks the copy engine for the tile's staged inputs (nothing
+  // for a short tile, read from memory).
   __device__ void request(const StagedPlace& p, unsigned char* stage, uint64_t* full) const {
     if (!whole(p)) {
       mbarrier_arrive_expect_tx(full, 0);
       return;
     }
     mbarrier_arrive_expect_tx(full, kArrays * kTileBytes);
-    const T* inputs[kArrays] = {op.dy, op.x, op.y};
 #pragma unroll
-    for (int a = 0; a < kArrays; ++a) {
-      bulk_copy_to_shared(stage + a * kTileBytes, inputs[a] + p.first, kTileBytes, full);
+    for (int a = 0; a < kInputs; ++a) {
+      if (staged(a)) {
+        bulk_copy_to_shared(stage + stage_part(a) * kTileBytes, input(a) + p.first, kTileBytes,
+                            full);
+      }
     }
+  }
+
+  // The thread's run of the input its scan alone reads, from memory, for a
+  // whole tile (a short one reads element by element); and where that
+  // input is y, for a warp's last lane, `next`: y one past the run in scan
+  // order, where it is in the tile (cumprod's gradient reads it there, the
+  // other lanes take it from their neighbour).
+  struct Prefetched {
+    uint4 raw[kVectors];
+    float next;
+  };
+  __device__ Prefetched prefetch(const StagedPlace& p) const {
+    Prefetched pre{};
+    if constexpr (kPrefetches) {
+      if (whole(p)) {
+        const T* mine = input(kScanOnly) + p.first + int64_t{run_in_tile()} * R;
+        const uint4* run = reinterpret_cast<const uint4*>(mine);
+#pragma unroll
+        for (int q = 0; q < kVectors; ++q) pre.raw[q] = __ldcs(run + q);
+        const int64_t beyond = kReverse ? -1 : R;
+        const int64_t at = int64_t{run_in_tile()} * R + beyond;
+        if (kScanOnly == 2 && threadIdx.x % 32 == 31 && at >= 0 && at < kTileLen) {
+          pre.next = to_acc<float>(__ldcs(mine + beyond));
+        }
+      }
+    }
+    return pre;
   }
 
   // Thread t's run in memory: the tile's run 255 - t when the scan walks
@@ -96,8 +145,8 @@ struct StagedGradTiles {
   // (staggered_rotation: runs 64 or 32 bytes apart would otherwise meet in
   // two or four of the eight bank groups).
   __device__ static void load_run(const unsigned char* stage, int a, uint4 (&raw)[kVectors]) {
-    const uint4* mine =
-        reinterpret_cast<const uint4*>(stage + a * kTileBytes) + run_in_tile() * kVectors;
+    const uint4* mine = reinterpret_cast<const uint4*>(stage + stage_part(a) * kTileBytes) +
+                        run_in_tile() * kVectors;
     const int rot = staggered_rotation<kVectors>();
 #pragma unroll
     for (int q = 0; q < kVectors; ++q) raw[q] = mine[(q + rot) & (kVectors - 1)];
@@ -122,7 +171,8 @@ struct StagedGradTiles {
   // Writes `raw` (the thread's run, in memory order) over its run of input
   // `a` in the stage, staggered as load_run reads. `raw` is left rotated.
   __device__ static void store_run(unsigned char* stage, int a, uint4 (&raw)[kVectors]) {
-    uint4* mine = reinterpret_cast<uint4*>(stage + a * kTileBytes) + run_in_tile() * kVectors;
+    uint4* mine = reinterpret_cast<uint4*>(stage + stage_part(a) * kTileBytes) +
+                  run_in_tile() * kVectors;
     const int rot = staggered_rotation<kVectors>();
     rotate_vectors(raw, rot);
 #pragma unroll

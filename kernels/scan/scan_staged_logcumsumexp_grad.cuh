@@ -74,9 +74,9 @@ struct TrailingSumCombine {
 };
 
 template <typename Op, bool kReverse>
-struct StagedLogcumsumexpGradTiles : StagedGradTiles<Op, kReverse> {
+struct StagedLogcumsumexpGradTiles : StagedGradTiles<Op, kReverse, 1> {
   using T = typename Op::Storage;
-  using Base = StagedGradTiles<Op, kReverse>;
+  using Base = StagedGradTiles<Op, kReverse, 1>;  // x: dx's weights alone read it
   using Base::Base;
   using Base::op;
   using Base::len;
@@ -154,7 +154,7 @@ struct StagedLogcumsumexpGradTiles : StagedGradTiles<Op, kReverse> {
   }
 
   __device__ void scan(const StagedPlace& p, unsigned char* stage, const Fold& f,
-                       const Total& carry) const {
+                       const Total& carry, const typename Base::Prefetched& pre = {}) const {
     Total st = totals().combine(carry, f.before);
     if (!Base::whole(p)) {
       Base::for_each_short(p, [&](int64_t, int64_t off) {
@@ -166,7 +166,12 @@ struct StagedLogcumsumexpGradTiles : StagedGradTiles<Op, kReverse> {
     }
     uint4 dy[kVectors], x[kVectors], y[kVectors], out[kVectors];
     Base::load_run(stage, 0, dy);
-    Base::load_run(stage, 1, x);
+    if constexpr (Base::kPrefetches) {
+#pragma unroll
+      for (int q = 0; q < kVectors; ++q) x[q] = pre.raw[q];
+    } else {
+      Base::load_run(stage, 1, x);
+    }
     Base::load_run(stage, 2, y);
     walk_run(
         st, [&](int k) { return Base::element(y, Base::memory_of(k)); },

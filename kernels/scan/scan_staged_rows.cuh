@@ -620,8 +620,10 @@ constexpr int kStagedBlocksPerSm =
 // say how a tile is placed
 // (place), asked of the copy engine (request: thread 0 only), folded into
 // what its scan needs (fold, every thread; returns its total) and scanned
-// from everything before it and stored (scan); and whether the reads of a
-// tile's prefix go out before the next tile's fold (kPrefixReads).
+// from everything before it and stored (scan); whether the reads of a
+// tile's prefix go out before the next tile's fold (kPrefixReads); and
+// whether the scan takes part of its input from memory, read by prefetch
+// before the wait for the prefix and handed to the scan (kPrefetches).
 template <typename Op, bool kReverse>
 struct StagedPlainTiles {
   using Totals = TotalsOf<Op>;
@@ -637,6 +639,7 @@ struct StagedPlainTiles {
   // reads went out early too, float32 55.9 -> 60.0, bfloat16 33.1 -> 35.9.
   static constexpr PrefixReads kPrefixReads =
       kStagedRuns<Op> ? PrefixReads::kEarlyShared : PrefixReads::kAfterFold;
+  static constexpr bool kPrefetches = false;
   Op op;
   int64_t len, tiles;
 
@@ -730,20 +733,30 @@ __global__ void __launch_bounds__(kScanBlock, Tiles::kBlocksPerSm)
       publish(there, tiles_of.fold(there, stage_of(next_slot), next));
       STAGED_STAMP(3 + 4 * i);
     }
+    auto prefix_of_here = [&]() -> Total {
 #ifdef BARACUDA_LONG_ROWS_NO_PREFIX
-    // Measurement only (results wrong): every tile scanned from the identity.
-    const Total prefix = totals.identity();
+      // Measurement only (results wrong): every tile scanned from the identity.
+      return totals.identity();
 #else
-    Total prefix;
-    if constexpr (kReads != PrefixReads::kAfterFold) {
-      prefix = finish_staged_prefix<kReads>(totals, early_read, row_tiles, row_groups, here.tile,
+      if constexpr (kReads != PrefixReads::kAfterFold) {
+        return finish_staged_prefix<kReads>(totals, early_read, row_tiles, row_groups, here.tile,
                                             mark);
-    } else {
-      prefix = staged_prefix(totals, row_tiles, row_groups, here.tile, mark);
-    }
+      } else {
+        return staged_prefix(totals, row_tiles, row_groups, here.tile, mark);
+      }
 #endif
-    STAGED_STAMP(4 + 4 * i);
-    tiles_of.scan(here, stage_of(slot), cur, prefix);
+    };
+    if constexpr (Tiles::kPrefetches) {
+      // The scan's reads from memory go out before the wait for the prefix.
+      const typename Tiles::Prefetched pre = tiles_of.prefetch(here);
+      const Total prefix = prefix_of_here();
+      STAGED_STAMP(4 + 4 * i);
+      tiles_of.scan(here, stage_of(slot), cur, prefix, pre);
+    } else {
+      const Total prefix = prefix_of_here();
+      STAGED_STAMP(4 + 4 * i);
+      tiles_of.scan(here, stage_of(slot), cur, prefix);
+    }
     __syncthreads();  // every thread is done with the stage
     STAGED_STAMP(5 + 4 * i);
     if (threadIdx.x == 0 && g + Tiles::kStages * step < all) {
