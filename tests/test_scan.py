@@ -1057,7 +1057,8 @@ def test_staged_logcumsumexp_long_rows_on_cuda(dtype):
 
 
 # logcumsumexp backward on long rows: staged tiles of 4096 (dy, x and y
-# staged, a thread's run of 16 carried by the recurrence S_s = dy_s +
+# staged, or on float32 dy and y, each thread's run of x read from memory;
+# a thread's run of 16 carried by the recurrence S_s = dy_s +
 # exp(y_s - y_{s-1}) S_{s-1}, scan_staged_logcumsumexp_grad.cuh) on compute
 # capability 9.0 and up for float16, bfloat16 and float32; float64 takes the
 # long_rows kernel. 81923 = 20 * 4096 + 3 ends in a tile of three elements,
