@@ -157,9 +157,9 @@ struct StagedCumprodGradTiles : StagedGradTiles<Op, kReverse, 2> {
       Base::load_run(stage, 2, y);
     }
     // y after the run's last element in scan order: the first of the next
-    // run, which thread t + 1 holds (from the stage for a warp's last lane:
-    // runs 64 bytes apart, the warp's reads there would meet in two banks),
-    // or past the tile's end.
+    // run, which thread t + 1 holds (for a warp's last lane, from the stage,
+    // or for float32 from the prefetch: runs 64 bytes apart, a warp's reads
+    // of the stage there would meet in two banks), or past the tile's end.
     const Acc next_first = __shfl_down_sync(0xffffffffu, Base::element(y, Base::memory_of(0)), 1);
     Acc after = next_first;
     if (threadIdx.x == kScanBlock - 1) {

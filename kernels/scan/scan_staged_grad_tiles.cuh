@@ -5,9 +5,8 @@
 // (kTileLen elements) at a time (float32: the two the fold reads, the
 // third read by the scan from memory), thread t takes a run of R
 // consecutive elements of each in scan order, and once the tile is scanned
-// dx goes out
-// through the thread's own vectors of dy's part of the stage, each warp
-// store then covering 512 contiguous bytes. A row's last tile in memory,
+// dx goes out through the thread's own vectors of dy's part of the stage,
+// each warp store then covering 512 contiguous bytes. A row's last tile in memory,
 // where it is short, is read and written element by element, straight from
 // memory. The tiles add their math: the tiles type's fold, scan and totals
 // (scan_staged_rows.cuh). Included by scan.cu. No torch headers.
