@@ -514,6 +514,7 @@ __device__ void publish_staged_total(const Op& op, const StateOf<Op>& total,
   const int64_t group_first = group * kGroupTiles;
   if (threadIdx.x == 0) publish_flagged(row_tiles + tile, total, mark);
   if (tile - group_first == kGroupTiles - 1 && group + 1 < groups) {
+    STAGED_STAMP_CLOSER();
     const StateOf<Op> v = fold_group_tiles(op, row_tiles + group_first, kGroupTiles - 1, mark);
     if (threadIdx.x == 0) publish_flagged(row_groups + group, op.combine(v, total), mark);
   }

@@ -8,13 +8,17 @@
 // (nanoseconds) at mark 0 when the block starts, 1 when its first tile is
 // folded and published, and in its round i: 2 + 4i when the next tile's data
 // is in, 3 + 4i when that tile's fold is published, 4 + 4i when the scanned
-// tile's prefix is in, 5 + 4i when the tile is scanned. The stamps cost the
+// tile's prefix is in, 5 + 4i when the tile is scanned; and a block whose
+// first fold closes a group, when that fold is done, before it reads its
+// peers' totals (STAGED_STAMP_CLOSER). The stamps cost the
 // kernel a few microseconds a call. print_staged_timeline() summarises the
 // last launch: for each mark, the spread over the blocks of its time since
 // the first block's start, and the blocks whose first fold came out last
-// (group closers, on H100: benchmarks/RESULTS.md). The device array lives in scan.cu's translation
-// unit, which alone includes this file, so the two host functions are
-// defined here, not inline, for the timer to declare and call.
+// (group closers, on H100: benchmarks/RESULTS.md), with how late the
+// first-round closers got their group totals out. The device arrays live
+// in scan.cu's translation unit, which alone includes this file, so the two
+// host functions are defined here, not inline, for the timer to declare and
+// call.
 #pragma once
 
 #ifdef BARACUDA_STAGED_TIMELINE
@@ -34,6 +38,9 @@ constexpr int kTimelineRounds = 24;
 constexpr int kTimelineMarks = 2 + 4 * kTimelineRounds;
 
 __device__ unsigned long long staged_timeline[kTimelineBlocks][kTimelineMarks];
+// When a block that closes a group in its first fold has that fold done,
+// before it reads its peers' totals (stamp_staged_closer).
+__device__ unsigned long long staged_closer_folded[kTimelineBlocks];
 
 __device__ inline void stamp_staged(int mark) {
   if (threadIdx.x != 0 || blockIdx.x >= kTimelineBlocks || mark >= kTimelineMarks) return;
@@ -42,12 +49,24 @@ __device__ inline void stamp_staged(int mark) {
   staged_timeline[blockIdx.x][mark] = now;
 }
 
+__device__ inline void stamp_staged_closer() {
+  if (threadIdx.x != 0 || blockIdx.x >= kTimelineBlocks || staged_closer_folded[blockIdx.x] != 0) {
+    return;
+  }
+  unsigned long long now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  staged_closer_folded[blockIdx.x] = now;
+}
+
 // Zeroes the stamps, in stream order on the default stream: a block that
 // does not reach a mark leaves it 0.
 void clear_staged_timeline() {
   void* stamps = nullptr;
   if (cudaGetSymbolAddress(&stamps, staged_timeline) == cudaSuccess) {
     cudaMemsetAsync(stamps, 0, sizeof(staged_timeline));
+  }
+  if (cudaGetSymbolAddress(&stamps, staged_closer_folded) == cudaSuccess) {
+    cudaMemsetAsync(stamps, 0, sizeof(staged_closer_folded));
   }
 }
 
@@ -87,6 +106,31 @@ void print_staged_timeline() {
     std::printf(" b%d %.2f", order[k], (at(order[k], 1) - t0) / 1e3);
   }
   std::printf(" us\n");
+  // A one-row launch's first-round closers (block b closing tiles b - 31 to
+  // b): how long after its own fold and after its last peer's total was
+  // out a closer got its group's total out. The second is the time the
+  // peers' totals take to reach it.
+  std::vector<unsigned long long> folded(kTimelineBlocks);
+  if (cudaMemcpyFromSymbol(folded.data(), staged_closer_folded,
+                           folded.size() * sizeof(folded[0])) == cudaSuccess) {
+    std::vector<double> after_own, after_peers;
+    for (int b = 31; b < blocks; b += 32) {
+      if (folded[b] < t0 || at(b, 1) < folded[b]) continue;
+      unsigned long long last_peer = 0;
+      for (int p = b - 31; p < b; ++p) last_peer = std::max(last_peer, at(p, 1));
+      after_own.push_back((at(b, 1) - folded[b]) / 1e3);
+      after_peers.push_back((double(at(b, 1)) - double(last_peer)) / 1e3);
+    }
+    if (!after_own.empty()) {
+      std::sort(after_own.begin(), after_own.end());
+      std::sort(after_peers.begin(), after_peers.end());
+      const size_t n = after_own.size();
+      std::printf("  first-round closers (n=%zu): group total out after own fold min %.2f med "
+                  "%.2f max %.2f, after the last peer's min %.2f med %.2f max %.2f us\n",
+                  n, after_own[0], after_own[n / 2], after_own[n - 1], after_peers[0],
+                  after_peers[n / 2], after_peers[n - 1]);
+    }
+  }
   for (int r = 0; r < kTimelineRounds; ++r) {
     line("next tile in", r, 2 + 4 * r);
     line("fold ahead published", r, 3 + 4 * r);
@@ -130,6 +174,8 @@ void print_staged_timeline() {
 }  // namespace baracuda
 
 #define STAGED_STAMP(mark) ::baracuda::scan::stamp_staged(mark)
+#define STAGED_STAMP_CLOSER() ::baracuda::scan::stamp_staged_closer()
 #else
 #define STAGED_STAMP(mark) ((void)0)
+#define STAGED_STAMP_CLOSER() ((void)0)
 #endif
