@@ -80,6 +80,24 @@ struct StagedPlace {
   int64_t valid;        // its elements inside the row
 };
 
+// Element e of elements of T held raw in registers, as an Acc. A bfloat16
+// is the high half of its float: the even element of a 32-bit word shifts
+// up and the odd one is masked, one instruction each, where copying an odd
+// one out of its word and widening it takes two. Every position is a
+// constant once the callers' loops unroll.
+template <typename T, typename Acc>
+__device__ inline Acc raw_element(const unsigned char* bytes, int e) {
+  if constexpr (std::is_same<T, __nv_bfloat16>::value && std::is_same<Acc, float>::value) {
+    uint32_t word;
+    memcpy(&word, bytes + (e / 2) * 4, 4);
+    return __uint_as_float(e % 2 == 0 ? word << 16 : word & 0xffff0000u);
+  } else {
+    T t;
+    memcpy(&t, bytes + e * sizeof(T), sizeof(T));
+    return to_acc<Acc>(t);
+  }
+}
+
 // Tiles of kTileLen elements are laid from each row's start in memory, so
 // only a row's last tile in memory (the first in scan order, reversed) may
 // be short. Every tile index fits 32 bits (a tile holds at least 2048
@@ -163,11 +181,20 @@ struct StagedVector {
   }
 
   // A staged vector's elements in scan order, and back.
+  // bfloat16 by words (raw_element); other types copied out whole, which
+  // float64 states need to stay within 80 registers unspilled.
   static __device__ void unpack(const uint4& u, Acc (&v)[kElems]) {
-    T raw[kElems];
-    memcpy(raw, &u, 16);
+    if constexpr (std::is_same<T, __nv_bfloat16>::value) {
 #pragma unroll
-    for (int e = 0; e < kElems; ++e) v[e] = to_acc<Acc>(raw[memory_element(e)]);
+      for (int e = 0; e < kElems; ++e) {
+        v[e] = raw_element<T, Acc>(reinterpret_cast<const unsigned char*>(&u), memory_element(e));
+      }
+    } else {
+      T raw[kElems];
+      memcpy(raw, &u, 16);
+#pragma unroll
+      for (int e = 0; e < kElems; ++e) v[e] = to_acc<Acc>(raw[memory_element(e)]);
+    }
   }
   static __device__ uint4 pack(const Acc (&v)[kElems]) {
     T raw[kElems];
@@ -215,9 +242,7 @@ __device__ inline void rotate_vectors(uint4 (&r)[N], int by) {
 // element e set from one.
 template <typename T, typename Acc, int N>
 __device__ inline Acc run_element(const uint4 (&raw)[N], int e) {
-  T t;
-  memcpy(&t, reinterpret_cast<const unsigned char*>(raw) + e * sizeof(T), sizeof(T));
-  return to_acc<Acc>(t);
+  return raw_element<T, Acc>(reinterpret_cast<const unsigned char*>(raw), e);
 }
 template <typename T, typename Acc, int N>
 __device__ inline void set_run_element(uint4 (&raw)[N], int e, Acc value) {
