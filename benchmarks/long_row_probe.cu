@@ -159,15 +159,6 @@ __device__ __forceinline__ void publish(uint4* slot, SS v, unsigned epoch) {
   asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(slot), "r"(epoch), "r"(0u),
                "r"(__float_as_uint(v.m)), "r"(__float_as_uint(v.s)) : "memory");
 }
-__device__ __forceinline__ SS wait_read(const uint4* slot, unsigned epoch) {
-  unsigned w[4];
-  do {
-    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(slot) : "memory");
-  } while (w[0] != epoch);
-  return {__uint_as_float(w[2]), __uint_as_float(w[3])};
-}
-
 __device__ __forceinline__ uint32_t saddr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
 __device__ __forceinline__ void mb_init(uint64_t* b) { asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(saddr(b))); }
 __device__ __forceinline__ void mb_expect(uint64_t* b, uint32_t bytes) { asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(saddr(b)), "r"(bytes) : "memory"); }
@@ -419,6 +410,13 @@ struct BlockChunk {
   }
   // The calling warp's k-th tile, in the chunk.
   __device__ int local(int k) const { return (threadIdx.x >> 5) + kWarps * k; }
+  // Whether the chunk's tile totals fit the shared array (rows up to about
+  // 34M elements on 132 SMs).
+  __device__ bool fits() const {
+    if (count <= kMaxChunkTiles) return true;
+    if (threadIdx.x == 0 && blockIdx.x == 0) printf("a chunk of %d tiles: too long a row\n", count);
+    return false;
+  }
 };
 
 // Once pass 1 has left every tile's total in tile_pre: each tile's prefix in
@@ -446,6 +444,7 @@ two_pass_blocks(const __nv_bfloat16* __restrict__ x, __nv_bfloat16* __restrict__
   __shared__ SS block_pre;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const BlockChunk<kWarps> chunk(n);
+  if (!chunk.fits()) return;
   const int64_t T0 = chunk.first;
   const int P = chunk.mine;
   const int J = 2 * P;  // jobs: pass 1's tiles, then pass 2's
@@ -507,6 +506,7 @@ resident_chunks(const __nv_bfloat16* __restrict__ x, __nv_bfloat16* __restrict__
   __shared__ SS block_pre;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const BlockChunk<kWarps> chunk(n);
+  if (!chunk.fits()) return;
   const int64_t T0 = chunk.first;
   const int P = chunk.mine;
   const int R = P < kSlots ? P : kSlots;  // resident tiles
