@@ -1026,6 +1026,48 @@ def test_staged_long_rows_on_cuda(dtype, name):
                 torch.testing.assert_close(got, unstaged, **tol(dtype, shape[1]))
 
 
+# Rows longer than a staged grid's blocks times its tiles, so that from its
+# second round on a block takes its tile's prefix from its own previous
+# tile's (LookBack::kStride, scan_staged_rows.cuh), and rounds cross from
+# one row to the next. Small integers keep cumsum exact; cummax follows
+# torch's values and indices; the gradients of cumprod (zeros included)
+# and logcumsumexp match the long_rows kernel on a copy off a 16-byte
+# boundary. Results must be bit-identical run to run.
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_staged_long_rows_past_one_round_on_cuda(dtype):
+    shape = (2, 5_000_003)
+    assert bt.scan_path(torch.empty(shape, device="meta"), -1) == "long_rows"
+    g = torch.Generator(device="cuda").manual_seed(5)
+    ints = torch.randint(-1, 2, shape, generator=g, device="cuda")
+    x = ints.to(dtype)
+    dy = torch.randint(-1, 2, shape, generator=g, device="cuda").to(dtype)
+    near_one = (1 + 1e-3 * torch.randn(shape, generator=g, device="cuda")).to(dtype)
+    near_one[1, [7, 4_000_000, 4_000_001]] = 0
+    coarse = (torch.randint(-60, 60, shape, generator=g, device="cuda") / 4).to(dtype)
+    normal = torch.randn(shape, generator=g, device="cuda").to(dtype)
+    for reverse in (False, True):
+        def cumsum_of(t):
+            return (t.flip(1).cumsum(1).flip(1) if reverse else t.cumsum(1)).to(dtype)
+        got = bt.cumsum(x, 1, reverse=reverse)
+        assert torch.equal(got, cumsum_of(ints))
+        assert torch.equal(bt.cumsum(x, 1, reverse=reverse), got)
+        assert torch.equal(our_grad("cumsum", x, -1, reverse, dy),
+                           (dy.long().cumsum(1) if reverse
+                            else dy.long().flip(1).cumsum(1).flip(1)).to(dtype))
+        values, indices = bt.cummax(coarse, 1, reverse=reverse)
+        flipped = coarse.flip(1) if reverse else coarse
+        ref = torch.cummax(flipped, 1)
+        ref_values, ref_indices = (ref.values.flip(1), shape[1] - 1 - ref.indices.flip(1)) \
+            if reverse else (ref.values, ref.indices)
+        assert torch.equal(values, ref_values) and torch.equal(indices, ref_indices)
+        for name, t in (("cumprod", near_one), ("logcumsumexp", normal)):
+            got = our_grad(name, t, -1, reverse, dy)
+            assert torch.equal(our_grad(name, t, -1, reverse, dy), got)
+            unstaged = our_grad(name, off_boundary(t), -1, reverse, dy)
+            torch.testing.assert_close(got, unstaged, **tol(dtype, shape[1]))
+
+
 # logcumsumexp forward on the same long rows: staged, a thread scanning 16
 # (float32) or 32 (two-byte) consecutive positions of a tile as one run, on
 # compute capability 9.0 and up; float64 takes the long_rows kernel. In the

@@ -302,7 +302,9 @@ template <typename Tiles>
 constexpr int64_t staged_block_shared_bytes() {
   using Flagged = FlaggedState<typename Tiles::Total>;
   return int64_t{Tiles::kStages} * Tiles::kStageBytes + int64_t{Tiles::kStages} * 8 +
-         (Tiles::kPrefixReads == PrefixReads::kEarlyShared ? kScanBlock : 1) *
+         (Tiles::kPrefixReads == PrefixReads::kEarlyShared
+              ? int64_t{kScanBlock} * staged_early_reads<Tiles>()
+              : 1) *
              int64_t{sizeof(Flagged)} +
          kStagedSharedBytesAside;
 }

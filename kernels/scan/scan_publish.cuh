@@ -306,10 +306,10 @@ __device__ StateOf<Op> fold_earlier_groups(const Op& op,
   return fold_published(op, row_groups, r.begin, r.end, mark);
 }
 
-// Joins each warp's fold (lane 0's) behind one barrier: the earlier groups'
-// (warps 1 and up, in warp order), then the group's earlier tiles (warp 0).
-template <typename Op>
-__device__ StateOf<Op> join_prefix_folds(const Op& op, const StateOf<Op>& v) {
+// Joins each warp's fold (lane 0's) behind one barrier, in warp order from
+// warp kFirst around to warp kFirst - 1.
+template <int kFirst, typename Op>
+__device__ StateOf<Op> join_warp_folds(const Op& op, const StateOf<Op>& v) {
   using State = StateOf<Op>;
   constexpr int kWarps = kScanBlock / 32;
   __shared__ State warp_folds[kWarps];
@@ -317,14 +317,23 @@ __device__ StateOf<Op> join_prefix_folds(const Op& op, const StateOf<Op>& v) {
   __syncthreads();
   if constexpr (kScansByReference<State>) {
     // Each logical warp of eight lanes scans the folds in that order.
-    State w = warp_folds[(threadIdx.x % kWarps + 1) % kWarps];
+    State w = warp_folds[(threadIdx.x % kWarps + kFirst) % kWarps];
     warp_inclusive<kWarps, true>(op, w);
     return shuffle_index<32>(w, kWarps - 1);
   }
-  State prefix = op.identity();
+  State prefix = kFirst == 0 ? warp_folds[0] : op.identity();
 #pragma unroll
-  for (int w = 1; w < kWarps; ++w) prefix = op.combine(prefix, warp_folds[w]);
-  return op.combine(prefix, warp_folds[0]);
+  for (int j = kFirst == 0 ? 1 : 0; j < kWarps; ++j) {
+    prefix = op.combine(prefix, warp_folds[(j + kFirst) % kWarps]);
+  }
+  return prefix;
+}
+
+// The earlier groups' folds (warps 1 and up, in warp order), then the
+// group's earlier tiles' (warp 0).
+template <typename Op>
+__device__ StateOf<Op> join_prefix_folds(const Op& op, const StateOf<Op>& v) {
+  return join_warp_folds<1>(op, v);
 }
 
 // Everything before tile `tile` of a row of long_rows, from the published

@@ -16,8 +16,9 @@
 // the prefix of the tile it scans: no tile's total ever waits for a prefix,
 // and a tile waits only for tiles with smaller indices, every one of them
 // owned by a resident block.
-// The prefix is folded from the published totals in tile_prefix's order
-// (scan_publish.cuh), so results are bit-identical run to run.
+// The prefix is folded from the published totals in an order fixed by the
+// tile's position (and for some tiles the grid's size: LookBack below), so
+// results are bit-identical run to run.
 #pragma once
 
 #include <cstdint>
@@ -545,6 +546,14 @@ __device__ void publish_staged_total(const Op& op, const StateOf<Op>& total,
   }
 }
 
+// Publishes tile `tile`'s total alone (thread 0), as kStride's tiles do.
+template <typename State>
+__device__ void publish_tile_total(const State& total, FlaggedState<State>* row_tiles,
+                                   int64_t tile, uint64_t mark) {
+  if (threadIdx.x >= 32) return;
+  if (threadIdx.x == 0) publish_flagged(row_tiles + tile, total, mark);
+}
+
 // Everything before tile `tile` of its row, as tile_prefix folds it.
 template <typename Op>
 __device__ StateOf<Op> staged_prefix(const Op& op, const FlaggedState<StateOf<Op>>* row_tiles,
@@ -625,6 +634,126 @@ __device__ StateOf<Op> finish_staged_prefix(const Op& op,
   return join_prefix_folds(op, fold_warp(op, v));
 }
 
+// How a tiles type finds a tile's prefix among the published totals (its
+// kLookBack):
+// - kGroups, in tile_prefix's order (above, and scan_publish.cuh): warp 0
+//   folds the earlier tiles of the tile's group of 32, the other warps the
+//   earlier groups' totals. The block whose tile closes a group publishes
+//   the group's total once it has read its 31 peers' totals, which other
+//   blocks fold in the same round: that block's fold then takes 4-9 us
+//   where the others take 1-2 (H100, [1, 16M], benchmarks/RESULTS.md), and
+//   every tile after the group waits for it. The association depends on
+//   the tile's position alone.
+// - kStride: a block's tiles are `step` (the grid's blocks) apart, so its
+//   previous tile's prefix, which it found a round before, and the totals of
+//   the `step` tiles from that tile to this one make this tile's prefix.
+//   Those totals are read a few a thread (stride_slots_of_thread) and folded
+//   in tile order. No tile waits for a closer, and no group total is
+//   published; every tile reads `step` totals where kGroups reads about
+//   100. The association depends on the tile's position and the grid's
+//   size, the same for every launch on one GPU, so results are still
+//   bit-identical run to run.
+// Which way a tiles type goes was measured (H100, [1, 16M], RESULTS.md):
+// kStride where every build of this form was faster (the vector layout's
+// tiles, and float32 gradient and cummax / cummin tiles), kGroups elsewhere.
+enum class LookBack { kGroups, kStride };
+
+// kStride's totals to fold, those of tiles [lo, tile) with lo the block's
+// own previous tile (tile - step) or the row's first: thread t's run of
+// them, the runs in thread order, none more than one longer than another.
+__device__ inline SlotRange stride_slots_of_thread(int64_t tile, int64_t step) {
+  const int64_t lo = tile >= step ? tile - step : 0;
+  const int64_t count = tile - lo;
+  const int64_t q = count / kScanBlock, r = count % kScanBlock, t = threadIdx.x;
+  const int64_t begin = lo + t * q + (t < r ? t : r);
+  return {begin, begin + q + (t < r ? 1 : 0)};
+}
+
+// kStride's slots, those of the tiles' totals; the same shape as
+// staged_prefix_slots'.
+template <typename State>
+__device__ StagedPrefixSlots<State> stride_prefix_slots(const FlaggedState<State>* row_tiles,
+                                                        int64_t tile, int64_t step) {
+  return {row_tiles, stride_slots_of_thread(tile, step)};
+}
+
+// Where kStride's early reads go: `first` and, with two early reads,
+// `second` -- the thread's own slots of the block's shared copies, or
+// registers.
+template <typename State>
+struct EarlyReads {
+  FlaggedState<State>& first;
+  FlaggedState<State>& second;
+};
+
+// kStride's early reads: the first one or two (kEarly) of the thread's run.
+template <PrefixReads kReads, int kEarly, typename State>
+__device__ void start_stride_prefix(EarlyReads<State> copies,
+                                    const FlaggedState<State>* row_tiles, int64_t tile,
+                                    int64_t step) {
+  const StagedPrefixSlots<State> mine = stride_prefix_slots(row_tiles, tile, step);
+  const FlaggedState<State>* at = mine.slots + mine.range.begin;
+  const int64_t count = mine.range.end - mine.range.begin;
+  if (count > 0) {
+    if constexpr (kReads == PrefixReads::kEarlyShared) {
+      issue_flagged_read(&copies.first, at);
+      if (kEarly == 2 && count > 1) issue_flagged_read(&copies.second, at + 1);
+    } else {
+      load_flagged_words(at, copies.first);
+      if (kEarly == 2 && count > 1) load_flagged_words(at + 1, copies.second);
+    }
+  }
+}
+
+// kStride's prefix of tile `tile`: the early reads (kEarly of them; none
+// with kAfterFold), the rest of the thread's run all in flight at once (at
+// most three slots a thread where a grid holds up to 4 x 132 blocks), the
+// threads' folds joined in order, after `own_prefix`, the prefix of the
+// block's previous tile where that tile is in the row.
+template <PrefixReads kReads, int kEarly, typename Op>
+__device__ StateOf<Op> finish_stride_prefix(const Op& op, EarlyReads<StateOf<Op>> copies,
+                                            const FlaggedState<StateOf<Op>>* row_tiles,
+                                            int64_t tile, int64_t step,
+                                            const StateOf<Op>& own_prefix, uint64_t mark) {
+  using State = StateOf<Op>;
+  const StagedPrefixSlots<State> mine = stride_prefix_slots(row_tiles, tile, step);
+  State v = op.identity();
+  int64_t rest = mine.range.begin;
+  if constexpr (kReads != PrefixReads::kAfterFold) {
+    if (rest < mine.range.end) {
+      const FlaggedState<State>* first = mine.slots + rest;
+      const State got = kReads == PrefixReads::kEarlyShared
+                            ? wait_flagged_read(&copies.first, first, mark)
+                            : take_flagged_read(copies.first, first, mark);
+      // Warp 0 takes its first total as it is, the others fold it onto the
+      // identity (which leaves it bit for bit), as staged_prefix's warps do.
+      v = threadIdx.x < 32 ? got : op.combine(v, got);
+      ++rest;
+      if (kEarly == 2 && rest < mine.range.end) {
+        v = op.combine(v, take_flagged_read(copies.second, first + 1, mark));
+        ++rest;
+      }
+    }
+  }
+  v = fold_published_onto<Op, 4>(op, v, mine.slots, rest, mine.range.end, mark);
+  const State between = join_warp_folds<0>(op, fold_warp(op, v));
+  return tile >= step ? op.combine(own_prefix, between) : between;
+}
+
+// How many reads a round puts in flight before the next tile's fold: none
+// after the fold; one with kGroups; with kStride two, where in shared memory
+// the second copy (4 KiB) still lets Tiles::kBlocksPerSm blocks onto an SM
+// (scan.cu counts it), else one.
+template <typename Tiles>
+constexpr int staged_early_reads() {
+  if (Tiles::kPrefixReads == PrefixReads::kAfterFold) return 0;
+  if (Tiles::kLookBack == LookBack::kGroups) return 1;
+  if (Tiles::kPrefixReads == PrefixReads::kEarlyRegisters) return 2;
+  constexpr int64_t kCopy = int64_t{kScanBlock} * sizeof(FlaggedState<typename Tiles::Total>);
+  constexpr int64_t kBlock = int64_t{Tiles::kStages} * Tiles::kStageBytes + 2 * kCopy + 3 * 1024;
+  return kBlock * Tiles::kBlocksPerSm <= 228 * 1024 ? 2 : 1;
+}
+
 // Blocks per SM: four, as many as the stages' shared memory allows, where
 // the registers of float states fit, float32 runs included (64 registers
 // since short tiles are completed in the stage; no spill forward, 12 bytes
@@ -646,10 +775,11 @@ constexpr int kStagedBlocksPerSm =
 // say how a tile is placed
 // (place), asked of the copy engine (request: thread 0 only), folded into
 // what its scan needs (fold, every thread; returns its total) and scanned
-// from everything before it and stored (scan); whether the reads of a
-// tile's prefix go out before the next tile's fold (kPrefixReads); and
-// whether the scan takes part of its input from memory, read by prefetch
-// before the wait for the prefix and handed to the scan (kPrefetches).
+// from everything before it and stored (scan); how its prefix is found
+// among the published totals (kLookBack); whether the reads of a tile's
+// prefix go out before the next tile's fold (kPrefixReads); and whether the
+// scan takes part of its input from memory, read by prefetch before the
+// wait for the prefix and handed to the scan (kPrefetches).
 template <typename Op, bool kReverse>
 struct StagedPlainTiles {
   using Totals = TotalsOf<Op>;
@@ -665,6 +795,12 @@ struct StagedPlainTiles {
   // reads went out early too, float32 55.9 -> 60.0, bfloat16 33.1 -> 35.9.
   static constexpr PrefixReads kPrefixReads =
       kStagedRuns<Op> ? PrefixReads::kEarlyShared : PrefixReads::kAfterFold;
+  // The run layout (logcumsumexp forward) joins totals by an exp each, and
+  // took longer with kStride's longer folds: H100, [1, 16M], launcher timer,
+  // float32 69.2-70.2 -> 76.0-76.2 us, bfloat16 48.4-48.6 -> 49.3-51.3. The
+  // vector layout's: float32 cumsum 55.1-55.5 -> 52.8-53.5, bfloat16
+  // 31.7-32.2 -> 30.8-31.0.
+  static constexpr LookBack kLookBack = kStagedRuns<Op> ? LookBack::kGroups : LookBack::kStride;
   static constexpr bool kPrefetches = false;
   Op op;
   int64_t len, tiles;
@@ -702,8 +838,10 @@ __global__ void __launch_bounds__(kScanBlock, Tiles::kBlocksPerSm)
   extern __shared__ __align__(128) unsigned char stages[];
   __shared__ __align__(8) uint64_t full[Tiles::kStages];
   constexpr PrefixReads kReads = Tiles::kPrefixReads;
+  constexpr bool kStride = Tiles::kLookBack == LookBack::kStride;
+  constexpr int kEarly = staged_early_reads<Tiles>();
   __shared__ FlaggedState<Total>
-      shared_reads[kReads == PrefixReads::kEarlyShared ? kScanBlock : 1];
+      shared_reads[kReads == PrefixReads::kEarlyShared ? kScanBlock * kEarly : 1];
   const int64_t all = rows * tiles;
   const int64_t step = gridDim.x;
   auto stage_of = [&](int slot) { return stages + slot * Tiles::kStageBytes; };
@@ -727,8 +865,12 @@ __global__ void __launch_bounds__(kScanBlock, Tiles::kBlocksPerSm)
     }
   };
   auto publish = [&](const StagedPlace& p, const Total& total) {
-    publish_staged_total(totals, total, ws.tile_totals + p.row * tiles,
-                         ws.group_totals + p.row * groups, p.tile, groups, mark);
+    if constexpr (kStride) {
+      publish_tile_total(total, ws.tile_totals + p.row * tiles, p.tile, mark);
+    } else {
+      publish_staged_total(totals, total, ws.tile_totals + p.row * tiles,
+                           ws.group_totals + p.row * groups, p.tile, groups, mark);
+    }
   };
   typename Tiles::Fold cur, next;
   StagedPlace here = tiles_of.place(blockIdx.x);
@@ -739,13 +881,25 @@ __global__ void __launch_bounds__(kScanBlock, Tiles::kBlocksPerSm)
   // Round i scans tile blockIdx.x + i * step from stage i % Tiles::kStages,
   // whose barrier is then in its (i / Tiles::kStages)-th phase.
   int slot = 0, phase = 0, i = 0;
+  Total own_prefix = totals.identity();  // kStride: the block's previous tile's prefix
   for (int64_t g = blockIdx.x; g < all; g += step, ++i) {
     const auto row_tiles = ws.tile_totals + here.row * tiles;
     const auto row_groups = ws.group_totals + here.row * groups;
     FlaggedState<Total> register_read;
     FlaggedState<Total>& early_read =
         kReads == PrefixReads::kEarlyShared ? shared_reads[threadIdx.x] : register_read;
-    if constexpr (kReads != PrefixReads::kAfterFold) {
+    // kStride's early reads: the second where there is one, else the first
+    // again.
+    constexpr int kSecond = kEarly == 2 ? 1 : 0;
+    FlaggedState<Total> register_reads[2];
+    const EarlyReads<Total> early =
+        kReads == PrefixReads::kEarlyShared
+            ? EarlyReads<Total>{shared_reads[threadIdx.x],
+                                shared_reads[kSecond * kScanBlock + threadIdx.x]}
+            : EarlyReads<Total>{register_reads[0], register_reads[kSecond]};
+    if constexpr (kStride && kReads != PrefixReads::kAfterFold) {
+      start_stride_prefix<kReads, kEarly>(early, row_tiles, here.tile, step);
+    } else if constexpr (kReads != PrefixReads::kAfterFold) {
       start_staged_prefix<kReads>(early_read, row_tiles, row_groups, here.tile);
     }
     const int next_slot = slot + 1 == Tiles::kStages ? 0 : slot + 1;
@@ -764,7 +918,10 @@ __global__ void __launch_bounds__(kScanBlock, Tiles::kBlocksPerSm)
       // Measurement only (results wrong): every tile scanned from the identity.
       return totals.identity();
 #else
-      if constexpr (kReads != PrefixReads::kAfterFold) {
+      if constexpr (kStride) {
+        return finish_stride_prefix<kReads, kEarly>(totals, early, row_tiles, here.tile, step,
+                                                    own_prefix, mark);
+      } else if constexpr (kReads != PrefixReads::kAfterFold) {
         return finish_staged_prefix<kReads>(totals, early_read, row_tiles, row_groups, here.tile,
                                             mark);
       } else {
@@ -776,10 +933,12 @@ __global__ void __launch_bounds__(kScanBlock, Tiles::kBlocksPerSm)
       // The scan's reads from memory go out before the wait for the prefix.
       const typename Tiles::Prefetched pre = tiles_of.prefetch(here);
       const Total prefix = prefix_of_here();
+      if constexpr (kStride) own_prefix = prefix;
       STAGED_STAMP(4 + 4 * i);
       tiles_of.scan(here, stage_of(slot), cur, prefix, pre);
     } else {
       const Total prefix = prefix_of_here();
+      if constexpr (kStride) own_prefix = prefix;
       STAGED_STAMP(4 + 4 * i);
       tiles_of.scan(here, stage_of(slot), cur, prefix);
     }
