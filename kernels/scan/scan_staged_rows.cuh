@@ -547,6 +547,9 @@ __device__ void publish_staged_total(const Op& op, const StateOf<Op>& total,
 }
 
 // Publishes tile `tile`'s total alone (thread 0), as kStride's tiles do.
+// Warp 0 alone goes past the first test, as in publish_staged_total: the
+// measured kernels were built this way, and writing it shorter changed
+// their code (benchmarks/RESULTS.md, the stride look-back section).
 template <typename State>
 __device__ void publish_tile_total(const State& total, FlaggedState<State>* row_tiles,
                                    int64_t tile, uint64_t mark) {
@@ -669,8 +672,9 @@ __device__ inline SlotRange stride_slots_of_thread(int64_t tile, int64_t step) {
   return {begin, begin + q + (t < r ? 1 : 0)};
 }
 
-// kStride's slots, those of the tiles' totals; the same shape as
-// staged_prefix_slots'.
+// kStride's slots, those of the tiles' totals, in staged_prefix_slots'
+// shape: the measured kernels read them so, and reading the SlotRange
+// directly changed their code.
 template <typename State>
 __device__ StagedPrefixSlots<State> stride_prefix_slots(const FlaggedState<State>* row_tiles,
                                                         int64_t tile, int64_t step) {
