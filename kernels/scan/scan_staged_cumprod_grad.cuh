@@ -55,11 +55,10 @@ struct StagedCumprodGradTiles : StagedGradTiles<Op, kReverse, 2> {
   using Base::op;
   using Base::len;
   // kStride against kGroups (H100, [1, 16M], launcher timer, RESULTS.md):
-  // float32 110.3-113.6 -> 102.7-107.4 us in every build; bfloat16 63.3-65.2
-  // -> 57.7-61.8 in three builds but 63.2-65.8 in two others whose prefix
-  // code differed only in how the early reads were passed, so two-byte
-  // tiles keep kGroups until that is understood.
-  static constexpr LookBack kLookBack = sizeof(T) == 4 ? LookBack::kStride : LookBack::kGroups;
+  // float32 110.3-113.6 -> 102.7-107.4 us; bfloat16 63.3-65.2 -> 57.7-58.6
+  // with finish_stride_prefix as written (another form of it took
+  // 62.7-65.8: see there).
+  static constexpr LookBack kLookBack = LookBack::kStride;
   static constexpr int R = Base::R;                // a run's elements
   static constexpr int kVectors = Base::kVectors;  // and its vectors of each input
   using State = StateOf<Op>;  // Affine: q -> scale q + shift

@@ -657,8 +657,9 @@ __device__ StateOf<Op> finish_staged_prefix(const Op& op,
 //   size, the same for every launch on one GPU, so results are still
 //   bit-identical run to run.
 // Which way a tiles type goes was measured (H100, [1, 16M], RESULTS.md):
-// kStride where every build of this form was faster (the vector layout's
-// tiles, and float32 gradient and cummax / cummin tiles), kGroups elsewhere.
+// kStride where it was faster (the vector layout's tiles, float32 gradient
+// and cummax / cummin tiles, and cumprod gradient tiles of every dtype),
+// kGroups elsewhere.
 enum class LookBack { kGroups, kStride };
 
 // kStride's totals to fold, those of tiles [lo, tile) with lo the block's
@@ -696,15 +697,17 @@ __device__ void start_stride_prefix(EarlyReads<State> copies,
                                     const FlaggedState<State>* row_tiles, int64_t tile,
                                     int64_t step) {
   const StagedPrefixSlots<State> mine = stride_prefix_slots(row_tiles, tile, step);
-  const FlaggedState<State>* at = mine.slots + mine.range.begin;
-  const int64_t count = mine.range.end - mine.range.begin;
-  if (count > 0) {
+  if (mine.range.begin < mine.range.end) {
     if constexpr (kReads == PrefixReads::kEarlyShared) {
-      issue_flagged_read(&copies.first, at);
-      if (kEarly == 2 && count > 1) issue_flagged_read(&copies.second, at + 1);
+      issue_flagged_read(&copies.first, mine.slots + mine.range.begin);
+      if (kEarly == 2 && mine.range.begin + 1 < mine.range.end) {
+        issue_flagged_read(&copies.second, mine.slots + mine.range.begin + 1);
+      }
     } else {
-      load_flagged_words(at, copies.first);
-      if (kEarly == 2 && count > 1) load_flagged_words(at + 1, copies.second);
+      load_flagged_words(mine.slots + mine.range.begin, copies.first);
+      if (kEarly == 2 && mine.range.begin + 1 < mine.range.end) {
+        load_flagged_words(mine.slots + mine.range.begin + 1, copies.second);
+      }
     }
   }
 }
@@ -714,6 +717,14 @@ __device__ void start_stride_prefix(EarlyReads<State> copies,
 // most three slots a thread where a grid holds up to 4 x 132 blocks), the
 // threads' folds joined in order, after `own_prefix`, the prefix of the
 // block's previous tile where that tile is in the row.
+// The shape of this function and of start_stride_prefix is measured, not
+// incidental. Written with the early reads' address and count kept from
+// the start (one fold of the totals after an `if` on the early reads), the
+// thread's slot range was computed once, before the next tile's fold, and
+// used after it; in this form it is computed again after the fold. Two-byte
+// cumprod gradient tiles, at 80 registers, took 62.7-64.4 us in that form
+// and take 57.9-58.6 in this one (H100, [1, 16M], launcher timer, one
+// machine start), though this one's SASS spills 40 bytes.
 template <PrefixReads kReads, int kEarly, typename Op>
 __device__ StateOf<Op> finish_stride_prefix(const Op& op, EarlyReads<StateOf<Op>> copies,
                                             const FlaggedState<StateOf<Op>>* row_tiles,
@@ -722,24 +733,23 @@ __device__ StateOf<Op> finish_stride_prefix(const Op& op, EarlyReads<StateOf<Op>
   using State = StateOf<Op>;
   const StagedPrefixSlots<State> mine = stride_prefix_slots(row_tiles, tile, step);
   State v = op.identity();
-  int64_t rest = mine.range.begin;
-  if constexpr (kReads != PrefixReads::kAfterFold) {
-    if (rest < mine.range.end) {
-      const FlaggedState<State>* first = mine.slots + rest;
-      const State got = kReads == PrefixReads::kEarlyShared
-                            ? wait_flagged_read(&copies.first, first, mark)
-                            : take_flagged_read(copies.first, first, mark);
-      // Warp 0 takes its first total as it is, the others fold it onto the
-      // identity (which leaves it bit for bit), as staged_prefix's warps do.
-      v = threadIdx.x < 32 ? got : op.combine(v, got);
-      ++rest;
-      if (kEarly == 2 && rest < mine.range.end) {
-        v = op.combine(v, take_flagged_read(copies.second, first + 1, mark));
-        ++rest;
-      }
+  if constexpr (kReads == PrefixReads::kAfterFold) {
+    v = fold_published_onto<Op, 4>(op, v, mine.slots, mine.range.begin, mine.range.end, mark);
+  } else if (mine.range.begin < mine.range.end) {
+    const FlaggedState<State>* first = mine.slots + mine.range.begin;
+    const State got = kReads == PrefixReads::kEarlyShared
+                          ? wait_flagged_read(&copies.first, first, mark)
+                          : take_flagged_read(copies.first, first, mark);
+    // Warp 0 takes its first total as it is, the others fold it onto the
+    // identity (which leaves it bit for bit), as staged_prefix's warps do.
+    v = threadIdx.x < 32 ? got : op.combine(v, got);
+    int64_t rest = mine.range.begin + 1;
+    if constexpr (kEarly == 2) {
+      if (rest < mine.range.end) v = op.combine(v, take_flagged_read(copies.second, first + 1, mark));
+      ++rest;  // past the end where there was no second slot: nothing left to fold
     }
+    v = fold_published_onto<Op, 4>(op, v, mine.slots, rest, mine.range.end, mark);
   }
-  v = fold_published_onto<Op, 4>(op, v, mine.slots, rest, mine.range.end, mark);
   const State between = join_warp_folds<0>(op, fold_warp(op, v));
   return tile >= step ? op.combine(own_prefix, between) : between;
 }
@@ -889,18 +899,17 @@ __global__ void __launch_bounds__(kScanBlock, Tiles::kBlocksPerSm)
   for (int64_t g = blockIdx.x; g < all; g += step, ++i) {
     const auto row_tiles = ws.tile_totals + here.row * tiles;
     const auto row_groups = ws.group_totals + here.row * groups;
-    FlaggedState<Total> register_read;
+    FlaggedState<Total> register_read, register_read2;
     FlaggedState<Total>& early_read =
         kReads == PrefixReads::kEarlyShared ? shared_reads[threadIdx.x] : register_read;
     // kStride's early reads: the second where there is one, else the first
     // again.
     constexpr int kSecond = kEarly == 2 ? 1 : 0;
-    FlaggedState<Total> register_reads[2];
     const EarlyReads<Total> early =
         kReads == PrefixReads::kEarlyShared
             ? EarlyReads<Total>{shared_reads[threadIdx.x],
                                 shared_reads[kSecond * kScanBlock + threadIdx.x]}
-            : EarlyReads<Total>{register_reads[0], register_reads[kSecond]};
+            : EarlyReads<Total>{register_read, kSecond == 1 ? register_read2 : register_read};
     if constexpr (kStride && kReads != PrefixReads::kAfterFold) {
       start_stride_prefix<kReads, kEarly>(early, row_tiles, here.tile, step);
     } else if constexpr (kReads != PrefixReads::kAfterFold) {
