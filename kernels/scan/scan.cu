@@ -289,26 +289,6 @@ using StagedTilesOf = std::conditional_t<
             std::conditional_t<kStagedLogcumsumexpGradApply<Op>,
                                StagedLogcumsumexpGradTiles<Op, kReverse>, void>>>>;
 
-// The tiles were measured at Tiles::kBlocksPerSm blocks an SM; their shared
-// memory must let that many in, or fewer run, silently (two-byte cumprod
-// gradient tiles once ran two where they meant three). A block holds its
-// stages, the early prefix reads, the stages' barriers and a few hundred
-// bytes of fold scratch (counted as 1 KiB), and the driver reserves 1 KiB
-// more; compute capability 9.0 gives an SM 228 KiB.
-constexpr int64_t kStagedSharedBytesPerSm = 228 * 1024;
-constexpr int64_t kStagedSharedBytesAside = 2 * 1024;  // fold scratch, driver's reserve
-
-template <typename Tiles>
-constexpr int64_t staged_block_shared_bytes() {
-  using Flagged = FlaggedState<typename Tiles::Total>;
-  return int64_t{Tiles::kStages} * Tiles::kStageBytes + int64_t{Tiles::kStages} * 8 +
-         (Tiles::kPrefixReads == PrefixReads::kEarlyShared
-              ? int64_t{kScanBlock} * staged_early_reads<Tiles>()
-              : 1) *
-             int64_t{sizeof(Flagged)} +
-         kStagedSharedBytesAside;
-}
-
 // One staged launch over `rows` rows of tiles_of's tiles. Their tiles are at
 // least long_rows' shortest, so the long_rows workspace holds their slots.
 template <typename Tiles>
@@ -316,8 +296,8 @@ KernelStatus launch_staged_tiles(const Tiles& tiles_of, int64_t rows, void* work
                                  cudaStream_t stream) {
   using Total = typename Tiles::Total;
   constexpr int kSharedBytes = Tiles::kStages * Tiles::kStageBytes;
-  static_assert(Tiles::kBlocksPerSm * staged_block_shared_bytes<Tiles>() <=
-                    kStagedSharedBytesPerSm,
+  constexpr int64_t kBlockBytes = staged_block_shared_bytes<Tiles>(staged_early_reads<Tiles>());
+  static_assert(Tiles::kBlocksPerSm * kBlockBytes <= kStagedSharedBytesPerSm,
                 "the tiles' shared memory does not let kBlocksPerSm blocks onto an SM");
   const auto kernel = staged_rows_kernel<Tiles>;
   int64_t groups = ceil_div(tiles_of.tiles, kGroupTiles);

@@ -64,7 +64,8 @@ struct StagedGradTiles {
   // (80 of them, up to 12 bytes of spill), three blocks still: launcher
   // timer, bfloat16 [1, 16M], against reading after the fold, cumprod
   // backward 65.6-66.6 -> 64.2-64.8 us, logcumsumexp backward 77.9-78.0 ->
-  // 75.7-76.5.
+  // 75.7-76.5. (That was one early read a thread; cumprod's two under
+  // kStride spill 40 bytes and are faster still: finish_stride_prefix.)
   static constexpr PrefixReads kPrefixReads =
       sizeof(T) == 4 ? PrefixReads::kEarlyShared : PrefixReads::kEarlyRegisters;
   static_assert(kTileLen >= ::baracuda::kTileLen, "the workspace holds a slot per tile");

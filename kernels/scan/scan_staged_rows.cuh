@@ -754,18 +754,36 @@ __device__ StateOf<Op> finish_stride_prefix(const Op& op, EarlyReads<StateOf<Op>
   return tile >= step ? op.combine(own_prefix, between) : between;
 }
 
+// The tiles were measured at Tiles::kBlocksPerSm blocks an SM; their shared
+// memory must let that many in, or fewer run, silently (two-byte cumprod
+// gradient tiles once ran two where they meant three: launch_staged_tiles,
+// scan.cu, asserts it). A block holds its stages, `early` shared copies of
+// a prefix read for each thread (with kEarlyShared), the stages' barriers
+// and a few hundred bytes of fold scratch (counted as 1 KiB), and the
+// driver reserves 1 KiB more; compute capability 9.0 gives an SM 228 KiB.
+constexpr int64_t kStagedSharedBytesPerSm = 228 * 1024;
+constexpr int64_t kStagedSharedBytesAside = 2 * 1024;  // fold scratch, driver's reserve
+
+template <typename Tiles>
+constexpr int64_t staged_block_shared_bytes(int early) {
+  using Flagged = FlaggedState<typename Tiles::Total>;
+  return int64_t{Tiles::kStages} * Tiles::kStageBytes + int64_t{Tiles::kStages} * 8 +
+         (Tiles::kPrefixReads == PrefixReads::kEarlyShared ? int64_t{kScanBlock} * early : 1) *
+             int64_t{sizeof(Flagged)} +
+         kStagedSharedBytesAside;
+}
+
 // How many reads a round puts in flight before the next tile's fold: none
 // after the fold; one with kGroups; with kStride two, where in shared memory
-// the second copy (4 KiB) still lets Tiles::kBlocksPerSm blocks onto an SM
-// (scan.cu counts it), else one.
+// the second copy (4 KiB) still lets Tiles::kBlocksPerSm blocks onto an SM,
+// else one.
 template <typename Tiles>
 constexpr int staged_early_reads() {
   if (Tiles::kPrefixReads == PrefixReads::kAfterFold) return 0;
   if (Tiles::kLookBack == LookBack::kGroups) return 1;
   if (Tiles::kPrefixReads == PrefixReads::kEarlyRegisters) return 2;
-  constexpr int64_t kCopy = int64_t{kScanBlock} * sizeof(FlaggedState<typename Tiles::Total>);
-  constexpr int64_t kBlock = int64_t{Tiles::kStages} * Tiles::kStageBytes + 2 * kCopy + 3 * 1024;
-  return kBlock * Tiles::kBlocksPerSm <= 228 * 1024 ? 2 : 1;
+  return Tiles::kBlocksPerSm * staged_block_shared_bytes<Tiles>(2) <= kStagedSharedBytesPerSm ? 2
+                                                                                              : 1;
 }
 
 // Blocks per SM: four, as many as the stages' shared memory allows, where
