@@ -1092,6 +1092,7 @@ def test_staged_logcumsumexp_long_rows_on_cuda(dtype):
             x[-1, shape[1] // 2 + 77] = NAN
         x = x.to(dtype).cuda()
         for reverse in (False, True):
+            poison_allocator(x.device, x.numel())
             check("logcumsumexp", x, -1, reverse)
             torch.testing.assert_close(bt.logcumsumexp(x, -1, reverse=reverse),
                                        bt.logcumsumexp(x, -1, reverse=reverse), atol=0, rtol=0,
@@ -1130,6 +1131,7 @@ def test_staged_logcumsumexp_backward_on_cuda(dtype):
         dy[:, :6000] = 0
         dy[:, -6000:] = 0
         for reverse in (False, True):
+            poison_allocator(x.device, 2 * x.numel())
             got = our_grad(name, x, -1, reverse, dy)
             assert torch.equal(our_grad(name, x, -1, reverse, dy), got)
             assert_long_row_grad_close(name, got, x, reverse, dy)
@@ -1138,6 +1140,7 @@ def test_staged_logcumsumexp_backward_on_cuda(dtype):
         x[-1, shape[1] // 3 + 5] = INF
         x[-1, shape[1] // 2 + 77] = NAN
         for reverse in (False, True):
+            poison_allocator(x.device, 2 * x.numel())
             got = our_grad(name, x, -1, reverse, dy)
             torch.testing.assert_close(our_grad(name, x, -1, reverse, dy), got, atol=0, rtol=0,
                                        equal_nan=True)

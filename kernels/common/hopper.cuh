@@ -95,6 +95,27 @@ __device__ inline void bulk_copy_to_shared(void* dst, const void* src, uint32_t 
       : "memory");
 }
 
+// `bytes` (a multiple of 16, from and to 16-byte aligned addresses) of
+// shared memory out to global memory by the bulk copy engine, as one bulk
+// group of the calling thread. The source must not be written again before
+// bulk_store_wait_read in the same thread, nor the block exit before
+// bulk_store_wait_all.
+__device__ inline void bulk_store_to_global(void* dst, const void* src, uint32_t bytes) {
+  asm volatile(
+      "cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n"
+      "cp.async.bulk.commit_group;\n" ::"l"(dst),
+      "r"(smem_address(src)), "r"(bytes)
+      : "memory");
+}
+// Until the calling thread's bulk stores have read their sources.
+__device__ inline void bulk_store_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+// Until the calling thread's bulk stores are complete.
+__device__ inline void bulk_store_wait_all() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+
 // Orders the calling thread's earlier shared-memory accesses (generic
 // proxy) before bulk copies issued after a later barrier (async proxy): a
 // stage written by threads and then refilled by the copy engine.
