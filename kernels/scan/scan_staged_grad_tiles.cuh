@@ -197,9 +197,7 @@ struct StagedGradTiles {
   __device__ static void store_dx(unsigned char* stage, uint4 (&out)[kVectors], T* dx_tile) {
     store_run(stage, 0, out);
     if constexpr (kBulkStores) {
-      fence_proxy_async_shared();  // the threads' writes, before the copy engine reads them
-      __syncthreads();
-      if (threadIdx.x == 0) bulk_store_to_global(dx_tile, stage, kTileBytes);
+      store_stage_by_bulk_copy(dx_tile, stage, kTileBytes);
       return;
     }
     __syncthreads();

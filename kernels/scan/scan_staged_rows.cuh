@@ -264,6 +264,17 @@ __device__ inline int staggered_rotation() {
   return 0;
 }
 
+// A scanned tile, written into its stage by the block's threads, out to
+// `dst` by one bulk copy, thread 0's (tiles with kBulkStores). Thread 0 must
+// let the copy read the stage (bulk_store_wait_read) before the stage is
+// asked for again, and finish it (bulk_store_wait_all) before the block
+// exits: staged_rows_kernel does both.
+__device__ inline void store_stage_by_bulk_copy(void* dst, const void* stage, uint32_t bytes) {
+  fence_proxy_async_shared();  // the threads' writes, before the copy engine reads them
+  __syncthreads();
+  if (threadIdx.x == 0) bulk_store_to_global(dst, stage, bytes);
+}
+
 // The run layout's run: kStagedVectors vectors, thread t's in scan order.
 //
 // Runs start 64 bytes apart, so the eight threads of a quarter warp, each
@@ -332,9 +343,7 @@ struct StagedRun {
 #pragma unroll
     for (int q = 0; q < 4; ++q) t.stage[Vector::memory_vector(vector((q + rot) & 3))] = r[q];
     if (kBulkStores && t.valid == kStagedTileLen<T>) {
-      fence_proxy_async_shared();  // the threads' writes, before the copy engine reads them
-      __syncthreads();
-      if (threadIdx.x == 0) bulk_store_to_global(t.dst, t.stage, kStagedTileBytes);
+      store_stage_by_bulk_copy(t.dst, t.stage, kStagedTileBytes);
       return;
     }
     __syncthreads();
