@@ -83,16 +83,36 @@ __device__ inline void grid_dependents_launch() {
 
 // ---------------------------------------------------------------- TMA
 
+// How the lines a bulk copy brings in stand in L2: kNormal, or kEvictFirst
+// for data read once, whose lines then go before the others.
+enum class L2Lines { kNormal, kEvictFirst };
+
+// The cache policy of kEvictFirst, for a copy's .L2::cache_hint operand.
+__device__ inline uint64_t l2_evict_first_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+
 // `bytes` (a multiple of 16, from and to 16-byte aligned addresses) of
 // global memory into shared memory, by the bulk copy engine without a tensor
 // map; completion is counted on `bar` in bytes.
+template <L2Lines kLines = L2Lines::kNormal>
 __device__ inline void bulk_copy_to_shared(void* dst, const void* src, uint32_t bytes,
                                            uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
-          "r"(smem_address(dst)),
-      "l"(src), "r"(bytes), "r"(smem_address(bar))
-      : "memory");
+  if constexpr (kLines == L2Lines::kEvictFirst) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+        " [%0], [%1], %2, [%3], %4;\n" ::"r"(smem_address(dst)),
+        "l"(src), "r"(bytes), "r"(smem_address(bar)), "l"(l2_evict_first_policy())
+        : "memory");
+  } else {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+            "r"(smem_address(dst)),
+        "l"(src), "r"(bytes), "r"(smem_address(bar))
+        : "memory");
+  }
 }
 
 // `bytes` (a multiple of 16, from and to 16-byte aligned addresses) of
