@@ -861,8 +861,8 @@ struct StagedPlainTiles {
   static constexpr bool kPrefetches = false;
   static constexpr bool kBulkStores = kStagedRuns<Op> && StagedRun<Op, kReverse>::kBulkStores;
   // The run layout's tiles (logcumsumexp forward) come in with their L2
-  // lines marked to go first: they are read once, and the lines that then
-  // stay are the published totals and what the scans wrote. H100, [1, 16M],
+  // lines marked to go first: they are read once, and so leave L2 to the
+  // published totals and what the scans wrote. H100, [1, 16M],
   // launcher timer, three runs each, in two machine starts: float32
   // 67.8-69.0 -> 66.3-66.7 us and 67.6-68.8 -> 67.0-68.3; bfloat16
   // 47.7-48.9 -> 46.8-47.3 and 48.2-48.6 -> 46.7-47.3. The other tiles
