@@ -862,13 +862,13 @@ struct StagedPlainTiles {
   static constexpr bool kBulkStores = kStagedRuns<Op> && StagedRun<Op, kReverse>::kBulkStores;
   // The run layout's tiles (logcumsumexp forward) come in with their L2
   // lines marked to go first: they are read once, and so leave L2 to the
-  // published totals and what the scans wrote. H100, [1, 16M],
-  // launcher timer, three runs each, in two machine starts: float32
-  // 67.8-69.0 -> 66.3-66.7 us and 67.6-68.8 -> 67.0-68.3; bfloat16
-  // 47.7-48.9 -> 46.8-47.3 and 48.2-48.6 -> 46.7-47.3. The other tiles
-  // keep the normal lines: with them marked too, float32 cumsum took
-  // 52.8-53.3 -> 54.0-54.3 and float32 logcumsumexp backward 103.2-103.7
-  // -> 104.9-105.5.
+  // published totals and what the scans wrote. H100, [1, 16M], launcher
+  // timer, three runs each, in two machine starts: float32 67.8-69.0 ->
+  // 66.3-66.7 us and 67.6-68.8 -> 67.0-68.3; bfloat16 47.7-48.9 ->
+  // 46.8-47.3 and 48.2-48.6 -> 46.7-47.3 (the first start with every
+  // staged tile marked). The other tiles keep the normal lines: marked,
+  // float32 cumsum took 52.8-53.3 -> 54.0-54.3 and float32 logcumsumexp
+  // backward 103.2-103.7 -> 104.9-105.5.
   static constexpr L2Lines kLoadLines = kStagedRuns<Op> ? L2Lines::kEvictFirst : L2Lines::kNormal;
   Op op;
   int64_t len, tiles;
