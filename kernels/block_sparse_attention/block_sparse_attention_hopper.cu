@@ -26,7 +26,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
-#include <cudaTypedefs.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -35,6 +34,7 @@
 #include "block_sparse_attention/block_sparse_attention_tile.cuh"
 #include "common/cuda_launch.cuh"
 #include "common/hopper.cuh"
+#include "common/tensor_map.h"
 #include "common/wgmma_ops.cuh"
 
 namespace baracuda {
@@ -359,23 +359,6 @@ __global__ void __launch_bounds__(hopper_threads<kConsumers>(), kConsumers == 1 
 }
 
 // ---------------------------------------------------------------- host side
-
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-#if CUDART_VERSION >= 12050
-    cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                     &found);
-#else
-    cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &found);
-#endif
-    return found == cudaDriverEntryPointSuccess
-               ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn)
-               : nullptr;
-  }();
-  return encode;
-}
 
 // A [batch, heads, len, dim] operand as a 4-D tensor map (innermost first)
 // whose box is `rows` x 64 elements with the 128-byte swizzle.
