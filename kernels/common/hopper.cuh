@@ -158,6 +158,41 @@ __device__ inline void tma_load_4d(void* dst, const CUtensorMap* map, int c0, in
       : "memory");
 }
 
+// One box of a 3-D tensor map into shared memory (1024-byte aligned for the
+// 128-byte swizzle), its lines held in L2 as kLines says; completion is
+// counted on `bar` in bytes (the whole box, out-of-range parts read as
+// zero). Coordinates are in elements, innermost first.
+template <L2Lines kLines = L2Lines::kNormal>
+__device__ inline void tma_load_3d(void* dst, const CUtensorMap* map, int c0, int c1, int c2,
+                                   uint64_t* bar) {
+  if constexpr (kLines == L2Lines::kEvictFirst) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        ".L2::cache_hint [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(smem_address(dst)),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_address(bar)),
+        "l"(l2_evict_first_policy())
+        : "memory");
+  } else {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(smem_address(dst)),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_address(bar))
+        : "memory");
+  }
+}
+
+// One box of shared memory (laid out as tma_load_3d leaves it) out to a 3-D
+// tensor map, as one bulk group of the calling thread: the same rules as
+// bulk_store_to_global (bulk_store_wait_read, bulk_store_wait_all).
+__device__ inline void tma_store_3d(const CUtensorMap* map, int c0, int c1, int c2,
+                                    const void* src) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3}], [%4];\n"
+      "cp.async.bulk.commit_group;\n" ::"l"(reinterpret_cast<uint64_t>(map)),
+      "r"(c0), "r"(c1), "r"(c2), "r"(smem_address(src))
+      : "memory");
+}
+
 // ---------------------------------------------------------------- wgmma
 
 // Orders this thread's register accesses before the warpgroup MMAs issued next.

@@ -786,10 +786,27 @@ __device__ StateOf<Op> finish_stride_prefix(const Op& op, EarlyReads<StateOf<Op>
 constexpr int64_t kStagedSharedBytesPerSm = 228 * 1024;
 constexpr int64_t kStagedSharedBytesAside = 2 * 1024;  // fold scratch, driver's reserve
 
+// Where a tiles type's stages must start (kStageAlign, where it names one:
+// a swizzled stage starts where its pattern does); the dynamic shared
+// memory is asked for with that much more, to start the stages there.
+template <typename Tiles, typename = void>
+struct StageAlignOf {
+  static constexpr int value = 128;
+};
+template <typename Tiles>
+struct StageAlignOf<Tiles, std::enable_if_t<(Tiles::kStageAlign > 0)>> {
+  static constexpr int value = Tiles::kStageAlign;
+};
+template <typename Tiles>
+constexpr int staged_dynamic_shared_bytes() {
+  constexpr int kAlign = StageAlignOf<Tiles>::value;
+  return Tiles::kStages * Tiles::kStageBytes + (kAlign > 128 ? kAlign : 0);
+}
+
 template <typename Tiles>
 constexpr int64_t staged_block_shared_bytes(int early) {
   using Flagged = FlaggedState<typename Tiles::Total>;
-  return int64_t{Tiles::kStages} * Tiles::kStageBytes + int64_t{Tiles::kStages} * 8 +
+  return int64_t{staged_dynamic_shared_bytes<Tiles>()} + int64_t{Tiles::kStages} * 8 +
          (Tiles::kPrefixReads == PrefixReads::kEarlyShared ? int64_t{kScanBlock} * early : 1) *
              int64_t{sizeof(Flagged)} +
          kStagedSharedBytesAside;
@@ -836,7 +853,9 @@ constexpr int kStagedBlocksPerSm =
 // wait for the prefix and handed to the scan (kPrefetches); and whether its
 // scan stores whole tiles by a bulk copy from the stage, thread 0's, which
 // must have read the stage before the stage is asked for again
-// (kBulkStores).
+// (kBulkStores). Tiles copied by tensor maps (StagedSwizzledRunTiles,
+// scan_staged_swizzled_runs.cuh) name them as Maps, handed to request and
+// scan, and where their stages must start (kStageAlign).
 template <typename Op, bool kReverse>
 struct StagedPlainTiles {
   using Totals = TotalsOf<Op>;
@@ -891,19 +910,65 @@ struct StagedPlainTiles {
   }
 };
 
+// The tensor maps a tiles type's copies name (Tiles::Maps, where it has
+// them), a kernel parameter of their own: the copy engine reads a map from
+// parameter space only through a __grid_constant__ parameter, and the other
+// tiles keep their parameter as it was measured. NoTensorMaps elsewhere.
+struct NoTensorMaps {};
+template <typename Tiles, typename = void>
+struct TensorMapsTrait {
+  using type = NoTensorMaps;
+};
+template <typename Tiles>
+struct TensorMapsTrait<Tiles, std::void_t<typename Tiles::Maps>> {
+  using type = typename Tiles::Maps;
+};
+template <typename Tiles>
+using TensorMapsOf = typename TensorMapsTrait<Tiles>::type;
+
+// Tiles::request and Tiles::scan, handed the maps where the tiles have them.
+template <typename Tiles>
+__device__ void request_staged(const Tiles& tiles_of, const TensorMapsOf<Tiles>& maps,
+                               const StagedPlace& p, unsigned char* stage, uint64_t* full) {
+  if constexpr (std::is_same<TensorMapsOf<Tiles>, NoTensorMaps>::value) {
+    tiles_of.request(p, stage, full);
+  } else {
+    tiles_of.request(p, stage, full, maps);
+  }
+}
+template <typename Tiles>
+__device__ void scan_staged_tile(const Tiles& tiles_of, const TensorMapsOf<Tiles>& maps,
+                                 const StagedPlace& p, unsigned char* stage,
+                                 const typename Tiles::Fold& f, const typename Tiles::Total& prefix) {
+  if constexpr (std::is_same<TensorMapsOf<Tiles>, NoTensorMaps>::value) {
+    tiles_of.scan(p, stage, f, prefix);
+  } else {
+    tiles_of.scan(p, stage, f, prefix, maps);
+  }
+}
+
 // Grid: at most one block per tile, every block resident (launched
 // cooperatively); dynamic shared memory Tiles::kStages * Tiles::kStageBytes.
 // `ws` holds no word with `mark` when the launch starts (scan_publish.cuh).
 template <typename Tiles>
 __global__ void __launch_bounds__(kScanBlock, Tiles::kBlocksPerSm)
     staged_rows_kernel(Tiles tiles_of, int64_t rows, int64_t groups,
-                       LongRowsSlots<typename Tiles::Total> ws, uint64_t mark) {
+                       LongRowsSlots<typename Tiles::Total> ws, uint64_t mark,
+                       const __grid_constant__ TensorMapsOf<Tiles> maps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Total = typename Tiles::Total;
   const typename Tiles::Totals totals = tiles_of.totals();
   const int64_t tiles = tiles_of.tiles;
   STAGED_STAMP(0);
-  extern __shared__ __align__(128) unsigned char stages[];
+  extern __shared__ __align__(128) unsigned char dynamic_shared[];
+  unsigned char* const stages = [] {
+    constexpr uint32_t kAlign = StageAlignOf<Tiles>::value;
+    if constexpr (kAlign > 128) {
+      return dynamic_shared + (kAlign - smem_address(dynamic_shared) % kAlign) % kAlign;
+    } else {
+      return dynamic_shared;
+    }
+  }();
   __shared__ __align__(8) uint64_t full[Tiles::kStages];
   constexpr PrefixReads kReads = Tiles::kPrefixReads;
   constexpr bool kStride = Tiles::kLookBack == LookBack::kStride;
@@ -923,13 +988,13 @@ __global__ void __launch_bounds__(kScanBlock, Tiles::kBlocksPerSm)
   if (threadIdx.x == 0) {
     for (int s = 0; s < Tiles::kStages; ++s) mbarrier_init(&full[s], 1);
     mbarrier_init_fence();
-    tiles_of.request(tiles_of.place(blockIdx.x), stage_of(0), &full[0]);
+    request_staged(tiles_of, maps, tiles_of.place(blockIdx.x), stage_of(0), &full[0]);
   }
   __syncthreads();
   auto ask_ramp = [&](int k) {  // the block's k-th tile, its (k - 1)-th being in
     const int64_t g = blockIdx.x + k * step;
     if (threadIdx.x == 0 && k < Tiles::kStages && g < all) {
-      tiles_of.request(tiles_of.place(g), stage_of(k), &full[k]);
+      request_staged(tiles_of, maps, tiles_of.place(g), stage_of(k), &full[k]);
     }
   };
   auto publish = [&](const StagedPlace& p, const Total& total) {
@@ -1007,13 +1072,14 @@ __global__ void __launch_bounds__(kScanBlock, Tiles::kBlocksPerSm)
       const Total prefix = prefix_of_here();
       if constexpr (kStride) own_prefix = prefix;
       STAGED_STAMP(4 + 4 * i);
-      tiles_of.scan(here, stage_of(slot), cur, prefix);
+      scan_staged_tile(tiles_of, maps, here, stage_of(slot), cur, prefix);
     }
     __syncthreads();  // every thread is done with the stage
     STAGED_STAMP(5 + 4 * i);
     if (threadIdx.x == 0 && g + Tiles::kStages * step < all) {
       if constexpr (Tiles::kBulkStores) bulk_store_wait_read();
-      tiles_of.request(tiles_of.place(g + Tiles::kStages * step), stage_of(slot), &full[slot]);
+      request_staged(tiles_of, maps, tiles_of.place(g + Tiles::kStages * step), stage_of(slot),
+                     &full[slot]);
     }
     cur = next;
     here = there;
