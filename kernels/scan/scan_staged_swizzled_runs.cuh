@@ -1,8 +1,9 @@
 // Swizzled staged runs: the run layout of the staged long rows
 // (scan_staged_rows.cuh) for logcumsumexp forward, its stages laid out as
 // the bulk tensor copy engine writes them with the 128-byte swizzle. Rows
-// whose bytes are a whole number of 128-byte lines take them; the others
-// keep StagedPlainTiles. Included by scan.cu. No torch headers.
+// whose bytes are a whole number of 128-byte lines, with at least a tile for
+// every SM, take them (launch_swizzled_runs, scan.cu); the others keep
+// StagedPlainTiles. Included by scan.cu. No torch headers.
 //
 // The run layout gives thread t a run of consecutive vectors of its tile.
 // Read from a stage laid out in memory order, the eight threads of a
