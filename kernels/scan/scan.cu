@@ -366,10 +366,20 @@ bool encode_swizzled_rows(CUtensorMap* map, const void* base, int64_t len, int64
   return r == CUDA_SUCCESS;
 }
 
+// Shared memory the current device lets one block have (opted in).
+inline int64_t block_shared_limit() {
+  return remembered(current_device(), [] {
+    int bytes = 0;
+    cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, current_device());
+    return int64_t{bytes};
+  });
+}
+
 // The run layout's staged tiles on swizzled stages (StagedSwizzledRunTiles)
-// where the rows are whole 128-byte lines, the driver describes them, and
-// there are tiles for at least one block an SM; false, launching nothing,
-// elsewhere. The caller has checked the rest of the staged rows'
+// where the rows are whole 128-byte lines, the driver describes them, there
+// are tiles for at least one block an SM, and the device lets a block hold
+// its stages (about 107 KiB: compute capability 9.0 parts give a block 227,
+// some others about 100); false, launching nothing, elsewhere. The caller has checked the rest of the staged rows'
 // conditions. Fewer, larger tiles leave SMs idle: H100, launcher timer,
 // bfloat16 [1, 1M] (64 tiles) took 12.2 us against 10.8 on the unswizzled
 // tiles, [1, 4M] (256) 18.0 against 20.4.
@@ -382,6 +392,9 @@ bool launch_swizzled_runs(const Op& op, const ScanShape& s, bool reverse, void* 
   if (s.len * int64_t{sizeof(T)} % kSwizzleLineBytes != 0) return false;
   const int64_t tiles = ceil_div(s.len, Forward::kTileLen);
   if (s.outer * tiles < multiprocessors()) return false;
+  if (block_shared_limit() < staged_block_shared_bytes<Forward>(staged_early_reads<Forward>())) {
+    return false;
+  }
   SwizzledRowMaps maps;
   if (!encode_swizzled_rows<T>(&maps.src, op.src, s.len, s.outer, Forward::kLines) ||
       !encode_swizzled_rows<T>(&maps.dst, op.dst, s.len, s.outer, Forward::kLines)) {
