@@ -928,8 +928,8 @@ using TensorMapsOf = typename TensorMapsTrait<Tiles>::type;
 
 // Tiles::request and Tiles::scan, handed the maps where the tiles have them.
 template <typename Tiles>
-__device__ void request_staged(const Tiles& tiles_of, const TensorMapsOf<Tiles>& maps,
-                               const StagedPlace& p, unsigned char* stage, uint64_t* full) {
+__device__ void request_with_maps(const Tiles& tiles_of, const TensorMapsOf<Tiles>& maps,
+                                  const StagedPlace& p, unsigned char* stage, uint64_t* full) {
   if constexpr (std::is_same<TensorMapsOf<Tiles>, NoTensorMaps>::value) {
     tiles_of.request(p, stage, full);
   } else {
@@ -937,9 +937,9 @@ __device__ void request_staged(const Tiles& tiles_of, const TensorMapsOf<Tiles>&
   }
 }
 template <typename Tiles>
-__device__ void scan_staged_tile(const Tiles& tiles_of, const TensorMapsOf<Tiles>& maps,
-                                 const StagedPlace& p, unsigned char* stage,
-                                 const typename Tiles::Fold& f, const typename Tiles::Total& prefix) {
+__device__ void scan_with_maps(const Tiles& tiles_of, const TensorMapsOf<Tiles>& maps,
+                               const StagedPlace& p, unsigned char* stage,
+                               const typename Tiles::Fold& f, const typename Tiles::Total& prefix) {
   if constexpr (std::is_same<TensorMapsOf<Tiles>, NoTensorMaps>::value) {
     tiles_of.scan(p, stage, f, prefix);
   } else {
@@ -948,7 +948,7 @@ __device__ void scan_staged_tile(const Tiles& tiles_of, const TensorMapsOf<Tiles
 }
 
 // Grid: at most one block per tile, every block resident (launched
-// cooperatively); dynamic shared memory Tiles::kStages * Tiles::kStageBytes.
+// cooperatively); dynamic shared memory staged_dynamic_shared_bytes<Tiles>().
 // `ws` holds no word with `mark` when the launch starts (scan_publish.cuh).
 template <typename Tiles>
 __global__ void __launch_bounds__(kScanBlock, Tiles::kBlocksPerSm)
@@ -988,13 +988,13 @@ __global__ void __launch_bounds__(kScanBlock, Tiles::kBlocksPerSm)
   if (threadIdx.x == 0) {
     for (int s = 0; s < Tiles::kStages; ++s) mbarrier_init(&full[s], 1);
     mbarrier_init_fence();
-    request_staged(tiles_of, maps, tiles_of.place(blockIdx.x), stage_of(0), &full[0]);
+    request_with_maps(tiles_of, maps, tiles_of.place(blockIdx.x), stage_of(0), &full[0]);
   }
   __syncthreads();
   auto ask_ramp = [&](int k) {  // the block's k-th tile, its (k - 1)-th being in
     const int64_t g = blockIdx.x + k * step;
     if (threadIdx.x == 0 && k < Tiles::kStages && g < all) {
-      request_staged(tiles_of, maps, tiles_of.place(g), stage_of(k), &full[k]);
+      request_with_maps(tiles_of, maps, tiles_of.place(g), stage_of(k), &full[k]);
     }
   };
   auto publish = [&](const StagedPlace& p, const Total& total) {
@@ -1072,14 +1072,14 @@ __global__ void __launch_bounds__(kScanBlock, Tiles::kBlocksPerSm)
       const Total prefix = prefix_of_here();
       if constexpr (kStride) own_prefix = prefix;
       STAGED_STAMP(4 + 4 * i);
-      scan_staged_tile(tiles_of, maps, here, stage_of(slot), cur, prefix);
+      scan_with_maps(tiles_of, maps, here, stage_of(slot), cur, prefix);
     }
     __syncthreads();  // every thread is done with the stage
     STAGED_STAMP(5 + 4 * i);
     if (threadIdx.x == 0 && g + Tiles::kStages * step < all) {
       if constexpr (Tiles::kBulkStores) bulk_store_wait_read();
-      request_staged(tiles_of, maps, tiles_of.place(g + Tiles::kStages * step), stage_of(slot),
-                     &full[slot]);
+      request_with_maps(tiles_of, maps, tiles_of.place(g + Tiles::kStages * step),
+                        stage_of(slot), &full[slot]);
     }
     cur = next;
     here = there;
