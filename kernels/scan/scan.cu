@@ -379,8 +379,9 @@ inline int64_t block_shared_limit() {
 // where the rows are whole 128-byte lines, the driver describes them, there
 // are tiles for at least one block an SM, and the device lets a block hold
 // its stages (about 107 KiB: compute capability 9.0 parts give a block 227,
-// some others about 100); false, launching nothing, elsewhere. The caller has checked the rest of the staged rows'
-// conditions. Fewer, larger tiles leave SMs idle: H100, launcher timer,
+// some others about 100); false, launching nothing, elsewhere. The caller
+// has checked the rest of the staged rows' conditions. Fewer, larger tiles
+// leave SMs idle: H100, launcher timer,
 // bfloat16 [1, 1M] (64 tiles) took 12.2 us against 10.8 on the unswizzled
 // tiles, [1, 4M] (256) 18.0 against 20.4.
 template <typename Op>

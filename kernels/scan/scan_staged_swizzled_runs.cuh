@@ -178,7 +178,9 @@ struct StagedSwizzledRunTiles {
     fence_proxy_async_shared();  // the threads' writes, before the copy engine reads them
     __syncthreads();
     if (p.valid == kTileLen) {
-      if (threadIdx.x == 0) tma_store_3d(&maps.dst, 0, first_line(p), static_cast<int>(p.row), stage);
+      if (threadIdx.x == 0) {
+        tma_store_3d(&maps.dst, 0, first_line(p), static_cast<int>(p.row), stage);
+      }
       return;
     }
     store_short(p, stage);
