@@ -1111,14 +1111,17 @@ def test_staged_logcumsumexp_long_rows_on_cuda(dtype):
 # exp(y_s - y_{s-1}) S_{s-1}, scan_staged_logcumsumexp_grad.cuh) on compute
 # capability 9.0 and up for float16, bfloat16 and float32; float64 takes the
 # long_rows kernel. 81923 = 20 * 4096 + 3 ends in a tile of three elements,
-# read and written element by element. Against the float64 reference, and
-# bit-identical run to run, with a steep stretch, a stretch of wide noise
-# (neighbouring y far apart) and dy zero over the first 6000 positions of
-# the scan either way (the tiles there carry nothing); then with an all
-# -inf prefix past a tile, one large element, a +inf and a NaN, against the
-# long_rows kernel (x one element off alignment), since torch's own
-# gradient is NaN at -inf.
-STAGED_GRAD_ROWS = STAGED_ROWS + [(1, 81923), (2, 40960)]
+# read and written element by element. Two-byte rows of whole 128-byte
+# lines with at least a tile for every SM take swizzled stages of dy and y
+# instead (runs of 32, tiles of 8192, scan_staged_swizzled_grad.cuh): on an
+# H100, [3, 524288], and [2, 2400128], whose last tiles are short. Against
+# the float64 reference, and bit-identical run to run, with a steep
+# stretch, a stretch of wide noise (neighbouring y far apart) and dy zero
+# over the first 6000 positions of the scan either way (the tiles there
+# carry nothing); then with an all -inf prefix past a tile of either size,
+# one large element, a +inf and a NaN, against the long_rows kernel (x one
+# element off alignment), since torch's own gradient is NaN at -inf.
+STAGED_GRAD_ROWS = STAGED_ROWS + [(1, 81923), (2, 40960), (2, 2_400_128)]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -1141,7 +1144,7 @@ def test_staged_logcumsumexp_backward_on_cuda(dtype):
             got = our_grad(name, x, -1, reverse, dy)
             assert torch.equal(our_grad(name, x, -1, reverse, dy), got)
             assert_long_row_grad_close(name, got, x, reverse, dy)
-        x[0, : 4096 + 5] = -INF
+        x[0, : 8192 + 5] = -INF
         x[0, 30007] = 80
         x[-1, shape[1] // 3 + 5] = INF
         x[-1, shape[1] // 2 + 77] = NAN

@@ -27,6 +27,7 @@
 #include "scan/scan_staged_extremes.cuh"
 #include "scan/scan_staged_logcumsumexp_grad.cuh"
 #include "scan/scan_staged_rows.cuh"
+#include "scan/scan_staged_swizzled_grad.cuh"
 #include "scan/scan_staged_swizzled_runs.cuh"
 #include "scan/scan_strips.cuh"
 #include "scan/scan_warp_rows.cuh"
@@ -375,35 +376,64 @@ inline int64_t block_shared_limit() {
   });
 }
 
-// The run layout's staged tiles on swizzled stages (StagedSwizzledRunTiles)
-// where the rows are whole 128-byte lines, the driver describes them, there
-// are tiles for at least one block an SM, and the device lets a block hold
-// its stages (about 107 KiB: compute capability 9.0 parts give a block 227,
-// some others about 100); false, launching nothing, elsewhere. The caller
-// has checked the rest of the staged rows' conditions. Fewer, larger tiles
-// leave SMs idle: H100, launcher timer,
-// bfloat16 [1, 1M] (64 tiles) took 12.2 us against 10.8 on the unswizzled
-// tiles, [1, 4M] (256) 18.0 against 20.4.
-template <typename Op>
-bool launch_swizzled_runs(const Op& op, const ScanShape& s, bool reverse, void* workspace,
-                          cudaStream_t stream, KernelStatus& st) {
+// Swizzled tiles (Forward and Backward: the two scan directions) where the
+// rows are whole 128-byte lines, the driver describes them (encode_maps:
+// fills the tiles' Maps, false where it cannot), there are tiles for at
+// least one block an SM, and the device lets a block hold its stages
+// (about 100 KiB: compute capability 9.0 parts give a block 227, some
+// others about 100); false, launching nothing, elsewhere. The caller has
+// checked the rest of the staged rows' conditions. Fewer, larger tiles
+// leave SMs idle: H100, launcher timer, logcumsumexp forward, bfloat16
+// [1, 1M] (64 tiles) took 12.2 us against 10.8 on the unswizzled tiles,
+// [1, 4M] (256) 18.0 against 20.4.
+template <typename Forward, typename Backward, typename Op, typename EncodeMaps>
+bool launch_swizzled_tiles(const Op& op, const ScanShape& s, bool reverse, void* workspace,
+                           cudaStream_t stream, KernelStatus& st, EncodeMaps&& encode_maps) {
   using T = typename Op::Storage;
-  using Forward = StagedSwizzledRunTiles<Op, false>;
-  using Backward = StagedSwizzledRunTiles<Op, true>;
   if (s.len * int64_t{sizeof(T)} % kSwizzleLineBytes != 0) return false;
   const int64_t tiles = ceil_div(s.len, Forward::kTileLen);
   if (s.outer * tiles < multiprocessors()) return false;
   if (block_shared_limit() < staged_block_shared_bytes<Forward>(staged_early_reads<Forward>())) {
     return false;
   }
-  SwizzledRowMaps maps;
-  if (!encode_swizzled_rows<T>(&maps.src, op.src, s.len, s.outer, Forward::kLines) ||
-      !encode_swizzled_rows<T>(&maps.dst, op.dst, s.len, s.outer, Forward::kLines)) {
-    return false;
-  }
+  typename Forward::Maps maps;
+  if (!encode_maps(maps)) return false;
   st = reverse ? launch_staged_tiles(Backward{op, s.len, tiles}, s.outer, workspace, stream, maps)
                : launch_staged_tiles(Forward{op, s.len, tiles}, s.outer, workspace, stream, maps);
   return true;
+}
+
+// The run layout's staged tiles (logcumsumexp forward) on swizzled stages,
+// StagedSwizzledRunTiles, where launch_swizzled_tiles lets them.
+template <typename Op>
+bool launch_swizzled_runs(const Op& op, const ScanShape& s, bool reverse, void* workspace,
+                          cudaStream_t stream, KernelStatus& st) {
+  using T = typename Op::Storage;
+  using Forward = StagedSwizzledRunTiles<Op, false>;
+  return launch_swizzled_tiles<Forward, StagedSwizzledRunTiles<Op, true>>(
+      op, s, reverse, workspace, stream, st, [&](SwizzledRowMaps& maps) {
+        return encode_swizzled_rows<T>(&maps.src, op.src, s.len, s.outer, Forward::kLines) &&
+               encode_swizzled_rows<T>(&maps.dst, op.dst, s.len, s.outer, Forward::kLines);
+      });
+}
+
+// Two-byte logcumsumexp backward on swizzled stages
+// (StagedSwizzledGradTiles under StagedLogcumsumexpGradTiles), where
+// launch_swizzled_tiles lets them.
+template <typename Op>
+bool launch_swizzled_grad(const Op& op, const ScanShape& s, bool reverse, void* workspace,
+                          cudaStream_t stream, KernelStatus& st) {
+  using T = typename Op::Storage;
+  using Forward =
+      StagedLogcumsumexpGradTiles<Op, false, StagedSwizzledGradTiles<Op, false, 1>>;
+  using Backward = StagedLogcumsumexpGradTiles<Op, true, StagedSwizzledGradTiles<Op, true, 1>>;
+  return launch_swizzled_tiles<Forward, Backward>(
+      op, s, reverse, workspace, stream, st, [&](SwizzledGradMaps& maps) {
+        // The staged inputs, dy and y, in input order; x is read by the scan.
+        return encode_swizzled_rows<T>(&maps.staged[0], op.dy, s.len, s.outer, Forward::kLines) &&
+               encode_swizzled_rows<T>(&maps.staged[1], op.y, s.len, s.outer, Forward::kLines) &&
+               encode_swizzled_rows<T>(&maps.dx, op.dx, s.len, s.outer, Forward::kLines);
+      });
 }
 
 // Launches the staged long rows where they apply: the op (StagedTilesOf),
@@ -427,6 +457,9 @@ bool launch_staged_rows(const Op& op, const ScanShape& s, bool reverse, void* wo
     }
     if constexpr (kStagedRowsApply<Op> && kStagedRuns<Op>) {
       if (launch_swizzled_runs(op, s, reverse, workspace, stream, st)) return true;
+    }
+    if constexpr (kStagedLogcumsumexpGradApply<Op> && sizeof(T) == 2) {
+      if (launch_swizzled_grad(op, s, reverse, workspace, stream, st)) return true;
     }
     const int64_t tiles = ceil_div(s.len, Forward::kTileLen);
     st = reverse ? launch_staged_tiles(Backward{op, s.len, tiles}, s.outer, workspace, stream)

@@ -189,7 +189,7 @@ struct StagedCumprodGradTiles : StagedGradTiles<Op, kReverse, 2> {
       const Acc y_after = s + 1 < R ? Base::element(y, Base::memory_of(s + 1)) : after;
       set_run_element<T>(out, e, static_cast<Acc>(Wide(y_after) * r));
     }
-    Base::store_dx(stage, out, op.dx + p.first);
+    Base::store_dx(p, stage, out, op.dx);
   }
 };
 

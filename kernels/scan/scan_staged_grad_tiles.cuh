@@ -33,15 +33,79 @@ struct IsStagedGradOf : std::false_type {};
 template <template <typename, typename> class Grad, typename T, typename Acc>
 struct IsStagedGradOf<Grad, Grad<T, Acc>> : std::bool_constant<sizeof(T) <= 4> {};
 
-// kScanOnly: the input (1 x, 2 y) that only the scan reads, not the fold.
-template <typename Op, bool kReverse, int kScanOnly>
-struct StagedGradTiles {
+// What the gradient tiles' layouts share, the unswizzled tiles below and the
+// swizzled ones (scan_staged_swizzled_grad.cuh): the op and the rows, and
+// where a tile's runs lie: thread t takes a run of R consecutive elements
+// of each input in scan order, runs following each other in scan order, in
+// tiles of kScanBlock runs.
+template <typename Op, bool kReverse, int R>
+struct GradRuns {
   using T = typename Op::Storage;
-  static constexpr int R = kStagedGradRunLen;
   static constexpr int kElems = 16 / int{sizeof(T)};  // a vector's
   static constexpr int kVectors = R / kElems;         // a run's, of each input
   static constexpr int64_t kTileLen = int64_t{kScanBlock} * R;
   static constexpr int kTileBytes = static_cast<int>(kTileLen * int64_t{sizeof(T)});
+
+  Op op;
+  int64_t len, tiles;  // a row's elements and tiles
+
+  // The tiles types are built by the launcher as {op, len, tiles}.
+  __host__ __device__ GradRuns(const Op& op_, int64_t len_, int64_t tiles_)
+      : op(op_), len(len_), tiles(tiles_) {}
+
+  __device__ StagedPlace place(int64_t g) const {
+    return place_staged_tile<kTileLen, kReverse>(g, len, tiles);
+  }
+  __device__ static bool whole(const StagedPlace& p) { return p.valid == kTileLen; }
+  __device__ const T* input(int a) const { return a == 0 ? op.dy : a == 1 ? op.x : op.y; }
+
+  // Thread t's run in memory: the tile's run 255 - t when the scan walks
+  // memory backwards, so that runs follow each other in scan order.
+  __device__ static int run_in_tile() {
+    return kReverse ? kScanBlock - 1 - int(threadIdx.x) : int(threadIdx.x);
+  }
+  // The memory place, within its run, of the run's s-th element in scan order.
+  __device__ static int memory_of(int s) { return kReverse ? R - 1 - s : s; }
+
+  __device__ static float element(const uint4 (&raw)[kVectors], int e) {
+    return run_element<T, float>(raw, e);
+  }
+
+  // The thread's run of a short tile in scan order, element by element from
+  // memory: f(tile element, its offset) for each element inside the row.
+  template <typename F>
+  __device__ static void for_each_short(const StagedPlace& p, F&& f) {
+    const int64_t run_at = int64_t{run_in_tile()} * R;  // in the tile
+#pragma unroll
+    for (int s = 0; s < R; ++s) {
+      const int64_t e = run_at + memory_of(s);
+      if (e < p.valid) f(e, p.first + e);
+    }
+  }
+
+  // The thread's run of a whole tile of `input` (starting at `tile`),
+  // straight from memory, read once.
+  __device__ static void read_run(const T* tile, uint4 (&raw)[kVectors]) {
+    const uint4* run = reinterpret_cast<const uint4*>(tile + int64_t{run_in_tile()} * R);
+#pragma unroll
+    for (int q = 0; q < kVectors; ++q) raw[q] = __ldcs(run + q);
+  }
+};
+
+// kScanOnly: the input (1 x, 2 y) that only the scan reads, not the fold.
+template <typename Op, bool kReverse, int kScanOnly>
+struct StagedGradTiles : GradRuns<Op, kReverse, kStagedGradRunLen> {
+  using T = typename Op::Storage;
+  using Runs = GradRuns<Op, kReverse, kStagedGradRunLen>;
+  using Runs::input;
+  using Runs::whole;
+  static constexpr int R = kStagedGradRunLen;
+  using Runs::kElems;
+  using Runs::kTileBytes;
+  using Runs::kTileLen;
+  using Runs::kVectors;
+  using Runs::memory_of;
+  using Runs::run_in_tile;
   static constexpr int kInputs = 3;  // dy, x, y
   // Float32 tiles leave the input only their scan reads out of the stage:
   // the scan's threads read their runs of it straight from memory
@@ -62,6 +126,7 @@ struct StagedGradTiles {
   // registers rather than 40), logcumsumexp backward 75.1-75.7 rather than
   // 74.3-74.6.
   static constexpr bool kBulkStores = sizeof(T) == 4;
+  static constexpr bool kDeferredRequests = false;
   static constexpr int kArrays = kPrefetches ? 2 : 3;  // staged, in input order
   static constexpr int kStageBytes = kArrays * kTileBytes;
   static constexpr int kBlocksPerSm = sizeof(T) == 2 ? 3 : 2;
@@ -79,19 +144,8 @@ struct StagedGradTiles {
       sizeof(T) == 4 ? PrefixReads::kEarlyShared : PrefixReads::kEarlyRegisters;
   static_assert(kTileLen >= ::baracuda::kTileLen, "the workspace holds a slot per tile");
 
-  Op op;
-  int64_t len, tiles;  // a row's elements and tiles
+  using Runs::Runs;
 
-  // The tiles types are built by the launcher as {op, len, tiles}.
-  __host__ __device__ StagedGradTiles(const Op& op_, int64_t len_, int64_t tiles_)
-      : op(op_), len(len_), tiles(tiles_) {}
-
-  __device__ StagedPlace place(int64_t g) const {
-    return place_staged_tile<kTileLen, kReverse>(g, len, tiles);
-  }
-  __device__ static bool whole(const StagedPlace& p) { return p.valid == kTileLen; }
-
-  __device__ const T* input(int a) const { return a == 0 ? op.dy : a == 1 ? op.x : op.y; }
   // Whether input `a` is staged, and where.
   __device__ static constexpr bool staged(int a) { return !kPrefetches || a != kScanOnly; }
   __device__ static constexpr int stage_part(int a) {
@@ -128,10 +182,8 @@ struct StagedGradTiles {
     Prefetched pre{};
     if constexpr (kPrefetches) {
       if (whole(p)) {
+        Runs::read_run(input(kScanOnly) + p.first, pre.raw);
         const T* mine = input(kScanOnly) + p.first + int64_t{run_in_tile()} * R;
-        const uint4* run = reinterpret_cast<const uint4*>(mine);
-#pragma unroll
-        for (int q = 0; q < kVectors; ++q) pre.raw[q] = __ldcs(run + q);
         const int64_t beyond = kReverse ? -1 : R;
         const int64_t at = int64_t{run_in_tile()} * R + beyond;
         if (kScanOnly == 2 && threadIdx.x % 32 == 31 && at >= 0 && at < kTileLen) {
@@ -141,14 +193,6 @@ struct StagedGradTiles {
     }
     return pre;
   }
-
-  // Thread t's run in memory: the tile's run 255 - t when the scan walks
-  // memory backwards, so that runs follow each other in scan order.
-  __device__ static int run_in_tile() {
-    return kReverse ? kScanBlock - 1 - int(threadIdx.x) : int(threadIdx.x);
-  }
-  // The memory place, within its run, of the run's s-th element in scan order.
-  __device__ static int memory_of(int s) { return kReverse ? R - 1 - s : s; }
 
   // The thread's run of input `a`, read in a staggered order
   // (staggered_rotation: runs 64 or 32 bytes apart would otherwise meet in
@@ -161,22 +205,6 @@ struct StagedGradTiles {
     for (int q = 0; q < kVectors; ++q) raw[q] = mine[(q + rot) & (kVectors - 1)];
     rotate_vectors(raw, (kVectors - rot) & (kVectors - 1));
   }
-  __device__ static float element(const uint4 (&raw)[kVectors], int e) {
-    return run_element<T, float>(raw, e);
-  }
-
-  // The thread's run of a short tile in scan order, element by element from
-  // memory: f(tile element, its offset) for each element inside the row.
-  template <typename F>
-  __device__ static void for_each_short(const StagedPlace& p, F&& f) {
-    const int64_t run_at = int64_t{run_in_tile()} * R;  // in the tile
-#pragma unroll
-    for (int s = 0; s < R; ++s) {
-      const int64_t e = run_at + memory_of(s);
-      if (e < p.valid) f(e, p.first + e);
-    }
-  }
-
   // Writes `raw` (the thread's run, in memory order) over its run of input
   // `a` in the stage, staggered as load_run reads. `raw` is left rotated.
   __device__ static void store_run(unsigned char* stage, int a, uint4 (&raw)[kVectors]) {
@@ -194,7 +222,9 @@ struct StagedGradTiles {
   // with the stage free for the copy engine once the caller's loop has
   // passed its barrier (and, with kBulkStores, thread 0 has waited for its
   // copy to read the stage).
-  __device__ static void store_dx(unsigned char* stage, uint4 (&out)[kVectors], T* dx_tile) {
+  __device__ static void store_dx(const StagedPlace& p, unsigned char* stage,
+                                  uint4 (&out)[kVectors], T* dx) {
+    T* const dx_tile = dx + p.first;
     store_run(stage, 0, out);
     if constexpr (kBulkStores) {
       store_stage_by_bulk_copy(dx_tile, stage, kTileBytes);

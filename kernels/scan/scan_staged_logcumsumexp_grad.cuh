@@ -1,9 +1,11 @@
 // Staged logcumsumexp gradient: the staged long rows (scan_staged_rows.cuh)
 // for logcumsumexp's backward (LogcumsumexpBackward, scan_ops.h) on float32
 // and two-byte elements, on the tiles base StagedGradTiles
-// (scan_staged_grad_tiles.cuh). Same loop and conditions as the staged long
-// rows (rows starting 16 bytes aligned, compute capability 9.0 and up);
-// only the tiles differ. Included by scan.cu. No torch headers.
+// (scan_staged_grad_tiles.cuh) or, for two-byte rows of whole 128-byte
+// lines, StagedSwizzledGradTiles (scan_staged_swizzled_grad.cuh). Same loop
+// and conditions as the staged long rows (rows starting 16 bytes aligned,
+// compute capability 9.0 and up); only the tiles differ. Included by
+// scan.cu. No torch headers.
 //
 // In the backward's scan order, dx_s = exp(x_s - y_s) S_s with
 // S_s = sum over the terms j up to s of dy_j exp(y_s - y_j), a linear
@@ -23,8 +25,10 @@
 // the terms carried furthest, where LogcumsumexpBackward's float32 sums keep
 // 6e-7 (scan_ops.h). A weight's argument, rounded once, puts it off by
 // |x - y| 2^-24 besides: under 6e-6 relative down to where the power
-// flushes to 0 (x more than 87 below y, a weight under 1e-38). The tiles'
-// joins take the corrected exp_nonpositive.
+// flushes to 0 (x more than 87 below y, a weight under 1e-38). Float32
+// tiles' joins take the corrected exp_nonpositive; two-byte tiles' the bare
+// power too (exp_nonpositive_for), whose error stays a thousandth of a
+// two-byte step, as their factors' do.
 //
 // Measured on H100 (launcher timer, benchmarks/RESULTS.md), [1, 16M], us,
 // against the staged tiles that joined LogcumsumexpBackward's scaled sums
@@ -42,6 +46,7 @@
 #include <type_traits>
 
 #include "scan/scan_staged_grad_tiles.cuh"
+#include "scan/scan_staged_swizzled_grad.cuh"
 
 namespace baracuda {
 namespace scan {
@@ -61,38 +66,55 @@ struct TrailingSum {
 
 // The join of stretches. The identity, an empty stretch, is (+inf, 0); so
 // is a stretch of elements whose y is +inf, which in the forward's output
-// only ever come first in the scan.
-template <typename Acc>
+// only ever come first in the scan. T: the elements' type; two-byte
+// elements join by the bare power (exp_nonpositive_for), as every factor
+// inside a run already is.
+template <typename Acc, typename T = Acc>
 struct TrailingSumCombine {
   using State = TrailingSum<Acc>;
   __device__ State identity() const { return {-neg_inf<Acc>(), Acc(0)}; }
   __device__ State combine(State a, State b) const {
     if (b.m == -neg_inf<Acc>() && b.s == Acc(0)) return a;
     if (a.s == Acc(0)) return b;  // nothing carried: no factor, no NaN from inf - inf
-    return {b.m, fma(exp_nonpositive(b.m - a.m), a.s, b.s)};
+    return {b.m, fma(exp_nonpositive_for<T>(b.m - a.m), a.s, b.s)};
   }
 };
 
-template <typename Op, bool kReverse>
-struct StagedLogcumsumexpGradTiles : StagedGradTiles<Op, kReverse, 1> {
+// Base: the tiles' layout, StagedGradTiles or StagedSwizzledGradTiles
+// (scan_staged_swizzled_grad.cuh), x being the input dx's weights alone read.
+template <typename Op, bool kReverse, typename Base = StagedGradTiles<Op, kReverse, 1>>
+struct StagedLogcumsumexpGradTiles : Base {
   using T = typename Op::Storage;
-  using Base = StagedGradTiles<Op, kReverse, 1>;  // x: dx's weights alone read it
   using Base::Base;
   using Base::op;
   using Base::len;
+  static constexpr bool kSwizzled = !std::is_same<TensorMapsOf<Base>, NoTensorMaps>::value;
   // H100, [1, 16M], launcher timer, kStride against kGroups: float32
-  // 111.7-115.4 -> 106.8-107.4 us; bfloat16 73.8-74.3 -> 78.6-80.5.
-  static constexpr LookBack kLookBack = sizeof(T) == 4 ? LookBack::kStride : LookBack::kGroups;
+  // 111.7-115.4 -> 106.8-107.4 us; bfloat16 73.8-74.3 -> 78.6-80.5 on
+  // StagedGradTiles, but 65.0-65.6 -> 62.6-62.7 on the swizzled tiles, with
+  // half as many tiles.
+  static constexpr LookBack kLookBack =
+      sizeof(T) == 4 || kSwizzled ? LookBack::kStride : LookBack::kGroups;
   static constexpr int R = Base::R;                // a run's elements
   static constexpr int kVectors = Base::kVectors;  // and its vectors of each input
   using Acc = float;
-  using Totals = TrailingSumCombine<Acc>;
+  using Totals = TrailingSumCombine<Acc, T>;
   using Total = TrailingSum<Acc>;
   static_assert(std::is_same<StateOf<Op>, ScaledSum<Acc>>::value, "float accumulators");
 
-  struct Fold {
+  struct PlainFold {
     Total before;  // everything in the tile before the thread's run
   };
+  struct MemoFold {
+    Total before;
+    bool finite;  // every y of the thread's run (a whole tile's) is finite
+  };
+  // The swizzled tiles keep what the fold found of the run's finiteness
+  // for the scan, which otherwise sums the run's y again (60.4-61.4 us
+  // against 61.9-62.0, scan_staged_swizzled_grad.cuh); the others keep
+  // their measured registers.
+  static constexpr bool kMemo = kSwizzled;
+  using Fold = std::conditional_t<kMemo, MemoFold, PlainFold>;
 
   __device__ Totals totals() const { return {}; }
 
@@ -104,19 +126,28 @@ struct StagedLogcumsumexpGradTiles : StagedGradTiles<Op, kReverse, 1> {
   // file); 0 for d = -inf.
   __device__ static Acc exp_of_gap(Acc d) { return exp2_flush(d * 1.44269502f); }
   __device__ static Acc dx_of(Acc x, Acc y, Acc s) {
-    return x == neg_inf<Acc>() || s == Acc(0) ? Acc(0) : exp_of_gap(x - y) * s;
+    // The product formed whatever the case, then dropped: a select, where
+    // the condition around the product became predicated instructions and
+    // a move of zero.
+    const Acc dx = exp_of_gap(x - y) * s;
+    return x == neg_inf<Acc>() || s == Acc(0) ? Acc(0) : dx;
   }
 
-  // Carries `st` along the thread's run (y(k), dy(k): its k-th element in
-  // scan order), handing out(k, S_k). Where every y of the run is finite the
-  // recurrence runs bare; otherwise element by element through the join,
-  // which keeps infinities to their meaning.
-  template <typename Y, typename Dy, typename Out>
-  __device__ static void walk_run(Total& st, Y&& y, Dy&& dy, Out&& out) {
+  // Whether every y(k) of the thread's run is finite (their sum is).
+  template <typename Y>
+  __device__ static bool run_finite(Y&& y) {
     Acc sum = Acc(0);
 #pragma unroll
     for (int k = 0; k < R; ++k) sum += y(k);
-    if (is_finite(sum)) {
+    return is_finite(sum);
+  }
+  // Carries `st` along the thread's run (y(k), dy(k): its k-th element in
+  // scan order), handing out(k, S_k). Where every y of the run is finite
+  // (run_finite) the recurrence runs bare; otherwise element by element
+  // through the join, which keeps infinities to their meaning.
+  template <typename Y, typename Dy, typename Out>
+  __device__ static void walk_run(Total& st, Y&& y, Dy&& dy, Out&& out, bool finite) {
+    if (finite) {
       // An empty carry's m may be anything: its factor must be 0, not NaN.
       Acc m = st.s == Acc(0) ? -neg_inf<Acc>() : st.m, s = st.s;
 #pragma unroll
@@ -144,9 +175,12 @@ struct StagedLogcumsumexpGradTiles : StagedGradTiles<Op, kReverse, 1> {
       uint4 dy[kVectors], y[kVectors];
       Base::load_run(stage, 0, dy);
       Base::load_run(stage, 2, y);
+      const auto y_at = [&](int k) { return Base::element(y, Base::memory_of(k)); };
+      const bool finite = run_finite(y_at);
+      if constexpr (kMemo) f.finite = finite;
       walk_run(
-          run, [&](int k) { return Base::element(y, Base::memory_of(k)); },
-          [&](int k) { return Base::element(dy, Base::memory_of(k)); }, [](int, Acc) {});
+          run, y_at, [&](int k) { return Base::element(dy, Base::memory_of(k)); },
+          [](int, Acc) {}, finite);
     } else {
       Base::for_each_short(p, [&](int64_t, int64_t off) {
         const Total e = element_stretch(to_acc<Acc>(op.y[off]), to_acc<Acc>(op.dy[off]));
@@ -156,8 +190,10 @@ struct StagedLogcumsumexpGradTiles : StagedGradTiles<Op, kReverse, 1> {
     return join_staged_runs(scratch, totals(), run, f.before);
   }
 
+  template <typename... Maps>
   __device__ void scan(const StagedPlace& p, unsigned char* stage, const Fold& f,
-                       const Total& carry, const typename Base::Prefetched& pre = {}) const {
+                       const Total& carry, const typename Base::Prefetched& pre = {},
+                       const Maps&... maps) const {
     Total st = totals().combine(carry, f.before);
     if (!Base::whole(p)) {
       Base::for_each_short(p, [&](int64_t, int64_t off) {
@@ -168,6 +204,7 @@ struct StagedLogcumsumexpGradTiles : StagedGradTiles<Op, kReverse, 1> {
       return;
     }
     uint4 dy[kVectors], x[kVectors], y[kVectors], out[kVectors];
+    Acc held = Acc(0);  // a pair's first dx, two-byte elements
     Base::load_run(stage, 0, dy);
     if constexpr (Base::kPrefetches) {
 #pragma unroll
@@ -176,14 +213,33 @@ struct StagedLogcumsumexpGradTiles : StagedGradTiles<Op, kReverse, 1> {
       Base::load_run(stage, 1, x);
     }
     Base::load_run(stage, 2, y);
+    const auto y_at = [&](int k) { return Base::element(y, Base::memory_of(k)); };
+    bool finite;
+    if constexpr (kMemo) {
+      finite = f.finite;
+    } else {
+      finite = run_finite(y_at);
+    }
     walk_run(
-        st, [&](int k) { return Base::element(y, Base::memory_of(k)); },
-        [&](int k) { return Base::element(dy, Base::memory_of(k)); },
+        st, y_at, [&](int k) { return Base::element(dy, Base::memory_of(k)); },
         [&](int k, Acc s) {
           const int e = Base::memory_of(k);
-          set_run_element<T>(out, e, dx_of(Base::element(x, e), Base::element(y, e), s));
-        });
-    Base::store_dx(stage, out, op.dx + p.first);
+          const Acc dx = dx_of(Base::element(x, e), Base::element(y, e), s);
+          if constexpr (sizeof(T) == 2) {
+            // Two-byte dx go out a pair at a time (pack_two): memory
+            // elements 2w and 2w + 1 are scan elements k - 1 and k.
+            if (k % 2 == 0) {
+              held = dx;
+            } else {
+              const uint32_t word = kReverse ? pack_two<T>(dx, held) : pack_two<T>(held, dx);
+              memcpy(reinterpret_cast<unsigned char*>(out) + (e / 2) * 4, &word, 4);
+            }
+            return;
+          }
+          set_run_element<T>(out, e, dx);
+        },
+        finite);
+    this->store_dx(p, stage, out, op.dx, maps...);
   }
 };
 

@@ -99,6 +99,23 @@ __device__ inline Acc raw_element(const unsigned char* bytes, int e) {
   }
 }
 
+// Two values as two-byte elements T, first one first in memory, in one word:
+// one conversion for the pair, where from_acc takes one for each and a
+// permute to join them.
+template <typename T>
+__device__ inline uint32_t pack_two(float first, float second) {
+  static_assert(sizeof(T) == 2, "two-byte elements");
+  uint32_t word;
+  if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(first, second);
+    memcpy(&word, &pair, 4);
+  } else {
+    const __half2 pair = __floats2half2_rn(first, second);
+    memcpy(&word, &pair, 4);
+  }
+  return word;
+}
+
 // Tiles of kTileLen elements are laid from each row's start in memory, so
 // only a row's last tile in memory (the first in scan order, reversed) may
 // be short. Every tile index fits 32 bits (a tile holds at least 2048
@@ -853,7 +870,8 @@ constexpr int kStagedBlocksPerSm =
 // wait for the prefix and handed to the scan (kPrefetches); and whether its
 // scan stores whole tiles by a bulk copy from the stage, thread 0's, which
 // must have read the stage before the stage is asked for again
-// (kBulkStores). Tiles copied by tensor maps (StagedSwizzledRunTiles,
+// (kBulkStores), and whether the stage is asked for again right after its
+// scan or only after the next tile's fold (kDeferredRequests). Tiles copied by tensor maps (StagedSwizzledRunTiles,
 // scan_staged_swizzled_runs.cuh) name them as Maps, handed to request and
 // scan, and where their stages must start (kStageAlign).
 template <typename Op, bool kReverse>
@@ -879,6 +897,7 @@ struct StagedPlainTiles {
   static constexpr LookBack kLookBack = kStagedRuns<Op> ? LookBack::kGroups : LookBack::kStride;
   static constexpr bool kPrefetches = false;
   static constexpr bool kBulkStores = kStagedRuns<Op> && StagedRun<Op, kReverse>::kBulkStores;
+  static constexpr bool kDeferredRequests = false;
   // The run layout's tiles (logcumsumexp forward) come in with their L2
   // lines marked to go first: they are read once, and so leave L2 to the
   // published totals and what the scans wrote. H100, [1, 16M], launcher
@@ -936,14 +955,16 @@ __device__ void request_with_maps(const Tiles& tiles_of, const TensorMapsOf<Tile
     tiles_of.request(p, stage, full, maps);
   }
 }
-template <typename Tiles>
+// `pre`: the prefetch, for tiles with kPrefetches.
+template <typename Tiles, typename... Prefetched>
 __device__ void scan_with_maps(const Tiles& tiles_of, const TensorMapsOf<Tiles>& maps,
                                const StagedPlace& p, unsigned char* stage,
-                               const typename Tiles::Fold& f, const typename Tiles::Total& prefix) {
+                               const typename Tiles::Fold& f, const typename Tiles::Total& prefix,
+                               const Prefetched&... pre) {
   if constexpr (std::is_same<TensorMapsOf<Tiles>, NoTensorMaps>::value) {
-    tiles_of.scan(p, stage, f, prefix);
+    tiles_of.scan(p, stage, f, prefix, pre...);
   } else {
-    tiles_of.scan(p, stage, f, prefix, maps);
+    tiles_of.scan(p, stage, f, prefix, pre..., maps);
   }
 }
 
@@ -1045,6 +1066,17 @@ __global__ void __launch_bounds__(kScanBlock, Tiles::kBlocksPerSm)
       publish(there, tiles_of.fold(there, stage_of(next_slot), next));
       STAGED_STAMP(3 + 4 * i);
     }
+    if constexpr (Tiles::kDeferredRequests) {
+      // The previous round's stage, asked for again only now: its store has
+      // had this fold's time to leave it.
+      const int64_t again = g - step + Tiles::kStages * step;
+      if (threadIdx.x == 0 && i > 0 && again < all) {
+        const int prev_slot = slot == 0 ? Tiles::kStages - 1 : slot - 1;
+        bulk_store_wait_read();
+        request_with_maps(tiles_of, maps, tiles_of.place(again), stage_of(prev_slot),
+                          &full[prev_slot]);
+      }
+    }
     auto prefix_of_here = [&]() -> Total {
 #ifdef BARACUDA_LONG_ROWS_NO_PREFIX
       // Measurement only (results wrong): every tile scanned from the identity.
@@ -1067,7 +1099,7 @@ __global__ void __launch_bounds__(kScanBlock, Tiles::kBlocksPerSm)
       const Total prefix = prefix_of_here();
       if constexpr (kStride) own_prefix = prefix;
       STAGED_STAMP(4 + 4 * i);
-      tiles_of.scan(here, stage_of(slot), cur, prefix, pre);
+      scan_with_maps(tiles_of, maps, here, stage_of(slot), cur, prefix, pre);
     } else {
       const Total prefix = prefix_of_here();
       if constexpr (kStride) own_prefix = prefix;
@@ -1076,7 +1108,7 @@ __global__ void __launch_bounds__(kScanBlock, Tiles::kBlocksPerSm)
     }
     __syncthreads();  // every thread is done with the stage
     STAGED_STAMP(5 + 4 * i);
-    if (threadIdx.x == 0 && g + Tiles::kStages * step < all) {
+    if (!Tiles::kDeferredRequests && threadIdx.x == 0 && g + Tiles::kStages * step < all) {
       if constexpr (Tiles::kBulkStores) bulk_store_wait_read();
       request_with_maps(tiles_of, maps, tiles_of.place(g + Tiles::kStages * step),
                         stage_of(slot), &full[slot]);

@@ -54,6 +54,32 @@ __device__ inline uint32_t swizzled_offset(uint32_t logical) {
   return logical ^ (((logical >> 7) & 7u) << 4);
 }
 
+// Where thread t's run of kVectors consecutive 16-byte vectors (half a
+// line or a whole one) lies in a swizzled stage of kScanBlock such runs,
+// runs following each other in scan order: its j-th vector in scan order
+// at base + (key ^ 16 j). The run's vectors stay on one line: its first in
+// memory order at chunk c of the line, c + j (forward, c a multiple of
+// kVectors) and c - j (reversed, c one below one) are c ^ j, and the
+// swizzle xors the line's index into both alike.
+template <int kVectors, bool kReverse>
+struct SwizzledRunAddress {
+  static_assert(kVectors == 4 || kVectors == 8, "a run of half a line or a whole one");
+  static constexpr uint32_t kTileVectors = kScanBlock * kVectors;
+  uint32_t base, key;
+
+  static __device__ SwizzledRunAddress of_thread() {
+    const uint32_t q = threadIdx.x * kVectors;  // the run's first vector in scan order
+    const uint32_t m = kReverse ? kTileVectors - 1 - q : q;  // ... in memory order
+    const uint32_t line = m / 8, chunk = m % 8;
+    return {line * kSwizzleLineBytes, (chunk ^ (line & 7u)) << 4};
+  }
+  // The j-th vector in scan order from `stage`.
+  template <typename Byte>
+  __device__ Byte* vector(Byte* stage, int j) const {
+    return stage + base + (key ^ (j << 4));
+  }
+};
+
 // A thread's run in a swizzled stage, kSwizzledRunVectors vectors in scan
 // order.
 template <typename Op, bool kReverse>
@@ -63,8 +89,6 @@ struct SwizzledRun {
   using Vector = StagedVector<Op, kReverse, true>;
   static constexpr int kVectors = kSwizzledRunVectors;
   static constexpr int kLen = kVectors * Vector::kElems;
-  static constexpr int kTileVectors = kScanBlock * kVectors;
-  static_assert(kVectors == 4 || kVectors == 8, "a run of half a line or a whole one");
   using Part = Acc[Vector::kElems];
   static __device__ Part& part(Acc (&v)[kLen], int j) {
     return *reinterpret_cast<Part*>(v + j * Vector::kElems);
@@ -73,33 +97,21 @@ struct SwizzledRun {
     return *reinterpret_cast<const Part*>(v + j * Vector::kElems);
   }
 
-  // The j-th vector of the run lies at base + (key ^ 16 j). The run's
-  // vectors stay on one line: its first in memory order at chunk c of the
-  // line, c + j (forward, c in {0, 4}) and c - j (reversed, c in {3, 7})
-  // are c ^ j, and the swizzle xors the line's index into both alike.
-  struct Address {
-    uint32_t base, key;
-  };
-  static __device__ Address address() {
-    const uint32_t q = threadIdx.x * kVectors;  // the run's first vector in scan order
-    const uint32_t m = kReverse ? kTileVectors - 1 - q : q;  // ... in memory order
-    const uint32_t line = m / 8, chunk = m % 8;
-    return {line * kSwizzleLineBytes, (chunk ^ (line & 7u)) << 4};
-  }
+  using Address = SwizzledRunAddress<kVectors, kReverse>;
 
   static __device__ void load(const unsigned char* stage, Acc (&v)[kLen]) {
-    const Address a = address();
+    const Address a = Address::of_thread();
 #pragma unroll
     for (int j = 0; j < kVectors; ++j) {
-      const uint4 u = *reinterpret_cast<const uint4*>(stage + a.base + (a.key ^ (j << 4)));
+      const uint4 u = *reinterpret_cast<const uint4*>(a.vector(stage, j));
       Vector::unpack(u, part(v, j));
     }
   }
   static __device__ void put(unsigned char* stage, const Acc (&v)[kLen]) {
-    const Address a = address();
+    const Address a = Address::of_thread();
 #pragma unroll
     for (int j = 0; j < kVectors; ++j) {
-      *reinterpret_cast<uint4*>(stage + a.base + (a.key ^ (j << 4))) = Vector::pack(part(v, j));
+      *reinterpret_cast<uint4*>(a.vector(stage, j)) = Vector::pack(part(v, j));
     }
   }
 };
@@ -139,6 +151,7 @@ struct StagedSwizzledRunTiles {
   static constexpr LookBack kLookBack = LookBack::kStride;
   static constexpr bool kPrefetches = false;
   static constexpr bool kBulkStores = true;
+  static constexpr bool kDeferredRequests = false;
   using Maps = SwizzledRowMaps;
   Op op;
   int64_t len, tiles;
