@@ -100,7 +100,6 @@ struct StagedGradTiles : GradRuns<Op, kReverse, kStagedGradRunLen> {
   using Runs::input;
   using Runs::whole;
   static constexpr int R = kStagedGradRunLen;
-  using Runs::kElems;
   using Runs::kTileBytes;
   using Runs::kTileLen;
   using Runs::kVectors;

@@ -871,9 +871,11 @@ constexpr int kStagedBlocksPerSm =
 // scan stores whole tiles by a bulk copy from the stage, thread 0's, which
 // must have read the stage before the stage is asked for again
 // (kBulkStores), and whether the stage is asked for again right after its
-// scan or only after the next tile's fold (kDeferredRequests). Tiles copied by tensor maps (StagedSwizzledRunTiles,
-// scan_staged_swizzled_runs.cuh) name them as Maps, handed to request and
-// scan, and where their stages must start (kStageAlign).
+// scan or only after the next tile's fold (kDeferredRequests). Tiles copied
+// by tensor maps (StagedSwizzledRunTiles, scan_staged_swizzled_runs.cuh;
+// StagedSwizzledGradTiles, scan_staged_swizzled_grad.cuh) name them as
+// Maps, handed to request and scan, and where their stages must start
+// (kStageAlign).
 template <typename Op, bool kReverse>
 struct StagedPlainTiles {
   using Totals = TotalsOf<Op>;

@@ -41,7 +41,6 @@ namespace scan {
 
 constexpr int kSwizzledGradRunLen = 32;
 
-
 // The arrays of a swizzled gradient launch, each as
 // [rows][len * sizeof(T) / 128][128] bytes (encode_swizzled_rows, scan.cu):
 // the two staged inputs in input order, and dx.
@@ -77,7 +76,7 @@ struct StagedSwizzledGradTiles : GradRuns<Op, kReverse, kSwizzledGradRunLen> {
   // tile's fold rather than right after the scan: thread 0 waits there
   // for its tensor store to have read the stage, and the whole block
   // waited on it at the next barrier (61.5-62.0 us against 62.6-62.7,
-  // above). Every other tiles type with bulk stores ask at once: with the
+  // above). Every other tiles type with bulk stores asks at once: with the
   // deferral, float32 logcumsumexp forward took 59.6-59.7 against 57.7-59.0.
   static constexpr bool kDeferredRequests = true;
   using Maps = SwizzledGradMaps;
@@ -104,7 +103,7 @@ struct StagedSwizzledGradTiles : GradRuns<Op, kReverse, kSwizzledGradRunLen> {
 #pragma unroll
     for (int part = 0; part < kArrays; ++part) {
       tma_load_3d<L2Lines::kEvictFirst>(stage + part * kTileBytes, &maps.staged[part], 0,
-                                    first_line(p), static_cast<int>(p.row), full);
+                                        first_line(p), static_cast<int>(p.row), full);
     }
   }
 
@@ -133,7 +132,8 @@ struct StagedSwizzledGradTiles : GradRuns<Op, kReverse, kSwizzledGradRunLen> {
   // thread's own dy vectors (read already), then out by thread 0's tensor
   // store. Ends with the stage free for the copy engine once the caller's
   // loop has passed its barrier and thread 0 has waited for the store to
-  // read the stage.
+  // read the stage. (The dx pointer StagedGradTiles::store_dx takes is
+  // unused: the map names dx.)
   __device__ void store_dx(const StagedPlace& p, unsigned char* stage,
                            const uint4 (&out)[kVectors], T*, const Maps& maps) const {
     const Address at = Address::of_thread();

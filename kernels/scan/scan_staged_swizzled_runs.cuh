@@ -57,10 +57,11 @@ __device__ inline uint32_t swizzled_offset(uint32_t logical) {
 // Where thread t's run of kVectors consecutive 16-byte vectors (half a
 // line or a whole one) lies in a swizzled stage of kScanBlock such runs,
 // runs following each other in scan order: its j-th vector in scan order
-// at base + (key ^ 16 j). The run's vectors stay on one line: its first in
-// memory order at chunk c of the line, c + j (forward, c a multiple of
-// kVectors) and c - j (reversed, c one below one) are c ^ j, and the
-// swizzle xors the line's index into both alike.
+// at base + (key ^ 16 j). The run's vectors stay on one line: its first
+// in scan order lies at chunk c of the line, and its j-th at c + j
+// (forward, c a multiple of kVectors) or c - j (reversed, c + 1 a multiple
+// of kVectors), which are both c ^ j; the swizzle xors the line's index
+// into every chunk alike.
 template <int kVectors, bool kReverse>
 struct SwizzledRunAddress {
   static_assert(kVectors == 4 || kVectors == 8, "a run of half a line or a whole one");
