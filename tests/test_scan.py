@@ -1078,8 +1078,10 @@ def test_staged_long_rows_past_one_round_on_cuda(dtype):
 # short and whose blocks take more than one tile; the others keep the
 # unswizzled stages. In the
 # first row an all -inf prefix spans a tile and a bit, a steep stretch makes
-# later tiles outgrow the carry, and one large element makes the run that
-# holds it too wide for its weights (a run scanned join by join). A +inf
+# later tiles outgrow the carry, one large element makes the run that
+# holds it too wide for its weights (a run scanned join by join), and one
+# element 50 above its neighbours gives its run weights near e^50 (two-byte
+# runs, weighed against their first element, still take them). A +inf
 # in the second row absorbs what follows it (precedes, reversed), and a NaN
 # in the last turns it NaN. Results must be bit-identical run to run.
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -1093,6 +1095,7 @@ def test_staged_logcumsumexp_long_rows_on_cuda(dtype):
         x[0, : 8192 + 5] = -INF
         x[0, 20000:30000] += torch.arange(10000, dtype=torch.float64) / 128
         x[0, 40007] = 80
+        x[0, 50011] = 50
         if shape[0] > 1:
             x[1, shape[1] // 3 + 5] = INF
             x[-1, shape[1] // 2 + 77] = NAN

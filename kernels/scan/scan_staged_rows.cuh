@@ -216,6 +216,14 @@ struct StagedVector {
     }
   }
   static __device__ uint4 pack(const Acc (&v)[kElems]) {
+    if constexpr (sizeof(T) == 2 && std::is_same<Acc, float>::value) {
+      uint32_t w[kElems / 2];
+#pragma unroll
+      for (int i = 0; i < kElems / 2; ++i) {
+        w[i] = pack_two<T>(v[memory_element(2 * i)], v[memory_element(2 * i + 1)]);
+      }
+      return make_uint4(w[0], w[1], w[2], w[3]);
+    }
     T raw[kElems];
 #pragma unroll
     for (int e = 0; e < kElems; ++e) raw[memory_element(e)] = from_acc<T>(v[e]);

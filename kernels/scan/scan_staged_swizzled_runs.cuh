@@ -100,21 +100,92 @@ struct SwizzledRun {
 
   using Address = SwizzledRunAddress<kVectors, kReverse>;
 
+  // The run's j-th vector, and back.
+  static __device__ void load_vector(const unsigned char* stage, const Address& a, int j,
+                                     Part& part) {
+    // One 16-byte read, then the unpacking (handed the stage itself, it
+    // reads word by word).
+    const uint4 u = *reinterpret_cast<const uint4*>(a.vector(stage, j));
+    Vector::unpack(u, part);
+  }
+  static __device__ void put_vector(unsigned char* stage, const Address& a, int j,
+                                    const Part& part) {
+    *reinterpret_cast<uint4*>(a.vector(stage, j)) = Vector::pack(part);
+  }
   static __device__ void load(const unsigned char* stage, Acc (&v)[kLen]) {
     const Address a = Address::of_thread();
 #pragma unroll
-    for (int j = 0; j < kVectors; ++j) {
-      const uint4 u = *reinterpret_cast<const uint4*>(a.vector(stage, j));
-      Vector::unpack(u, part(v, j));
-    }
+    for (int j = 0; j < kVectors; ++j) load_vector(stage, a, j, part(v, j));
   }
   static __device__ void put(unsigned char* stage, const Acc (&v)[kLen]) {
     const Address a = Address::of_thread();
 #pragma unroll
-    for (int j = 0; j < kVectors; ++j) {
-      *reinterpret_cast<uint4*>(a.vector(stage, j)) = Vector::pack(part(v, j));
+    for (int j = 0; j < kVectors; ++j) put_vector(stage, a, j, part(v, j));
+  }
+};
+
+// Two-byte runs folded and scanned against their first element x_0 rather
+// than their largest (LogcumsumexpForward's run_total and scan_run,
+// scan_ops.h, which need a pass for it): the fold sums the weights
+// exp(x_k - x_0), and the scan takes its weights against
+// top = max(m, x_0), the larger of the prefix's exponent and x_0, so that
+//   y_k = top + log(s exp(m - top) + sum_{j <= k} exp(x_j - top))
+// costs the scan an fma, an exp, an add, a log and an fma an element and
+// the fold an fma, an exp and an add, where the op's run scan spends a max
+// an element more on each and an fma more on the scan. A power is
+// the bare instruction's of x log2(e) - top log2(e), that product rounded
+// once a run, as exp_below_for takes it for two-byte elements. The first
+// weight is 1 up to that rounding, so every running sum is at least about
+// 1, and a weight flushed to 0 costs it under 2^-126 relative. A run is
+// tame when its sum of weights is below 2^96 (about e^66.5): a first
+// element NaN or infinite, a NaN or +inf anywhere, or an element more than
+// about 66 above the first fails that, and such runs take the op's own
+// fold and scan. Tame totals (x_0, S < 2^96), joined over a row of fewer
+// than 2^31 elements, stay below 2^121. Neither keeps the run in registers:
+// the fold adds it up and the scan rewrites it a vector at a time in its
+// stage, and only a run that is not tame is loaded whole. H100, bfloat16
+// [1, 16M], launcher timer, three runs in each of three machine starts:
+// 39.8-40.7 us with the op's run scan, 36.2-37.6 so (benchmarks/RESULTS.md).
+//
+// The fold's running sum:
+struct FirstReferencedSum {
+  static constexpr float kLog2e = 1.44269502f;
+  static constexpr float kTameSum = 0x1p96f;
+  float first, ref, s;
+  __device__ explicit FirstReferencedSum(float x0) : first(x0), ref(x0 * kLog2e), s(0.f) {}
+  template <int N>
+  __device__ void add(const float (&x)[N]) {
+#pragma unroll
+    for (int k = 0; k < N; ++k) s += exp2_flush(fmaf(x[k], kLog2e, -ref));
+  }
+  __device__ bool tame() const { return s < kTameSum; }  // false for NaN
+  __device__ ScaledSum<float> total() const { return {first, s}; }
+};
+// The scan of a tame run from `prefix`, a finite exponent or the empty
+// prefix (-inf, 0), which adds 0:
+struct FirstReferencedScan {
+  static constexpr float kLog2e = FirstReferencedSum::kLog2e;
+  float top, ref, s;
+  __device__ FirstReferencedScan(const ScaledSum<float>& prefix, float x0)
+      : top(prefix.m > x0 ? prefix.m : x0), ref(top * kLog2e),
+        s(prefix.s * exp2_flush(fmaf(prefix.m, kLog2e, -ref))) {}
+  // x[k] becomes the join of everything up to it.
+  template <int N>
+  __device__ void scan(float (&x)[N]) {
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      s += exp2_flush(fmaf(x[k], kLog2e, -ref));
+      x[k] = top + log_of(s);
     }
   }
+};
+
+// What a swizzled tile's fold leaves its scan: the thread's prefix within
+// the tile, and whether its run was tame against its first element.
+template <typename Op>
+struct SwizzledRunFold {
+  TotalOf<Op> before;
+  bool tame;
 };
 
 // The arrays of a swizzled launch, x and y, each as
@@ -134,8 +205,12 @@ struct StagedSwizzledRunTiles {
   using Run = SwizzledRun<Op, kReverse>;
   using Totals = TotalsOf<Op>;
   using Total = TotalOf<Op>;
-  using Fold = StagedRunFold<Op>;
+  using Fold = SwizzledRunFold<Op>;
   static_assert(kStagedRuns<Op>, "the run layout's ops");
+  // Two-byte runs go against their first element where they are tame
+  // (FirstReferencedSum, FirstReferencedScan).
+  static constexpr bool kFirstReferenced =
+      sizeof(T) == 2 && std::is_same<StateOf<Op>, float>::value;
   static constexpr int64_t kTileLen = kSwizzledTileBytes / int64_t{sizeof(T)};
   static constexpr int kStageBytes = kSwizzledTileBytes;
   static constexpr int kStageAlign = kSwizzleStageAlign;
@@ -176,19 +251,21 @@ struct StagedSwizzledRunTiles {
   __device__ Total fold(const StagedPlace& p, unsigned char* stage, Fold& f) const {
     __shared__ typename BlockTotalsScan<Totals>::TempStorage scratch;
     if (p.valid < kTileLen) fill_past_row(stage, p.valid);
-    StateOf<Op> v[Run::kLen];
-    Run::load(stage, v);
-    RunMemoOf<Op> memo;
-    return join_staged_runs(scratch, totals(), fold_run(op, v, memo), f.before);
+    return join_staged_runs(scratch, totals(), fold_thread_run(stage, f.tame), f.before);
   }
   __device__ void scan(const StagedPlace& p, unsigned char* stage, const Fold& f,
                        const Total& prefix, const Maps& maps) const {
-    StateOf<Op> v[Run::kLen];
-    Run::load(stage, v);
-    RunMemoOf<Op> memo;
-    fold_run(op, v, memo);
-    scan_thread_run(op, totals().combine(prefix, f.before), v, memo);
-    Run::put(stage, v);
+    const Total carry = totals().combine(prefix, f.before);
+    if (kFirstReferenced && f.tame) {
+      scan_first_referenced(stage, carry);
+    } else {
+      StateOf<Op> v[Run::kLen];
+      Run::load(stage, v);
+      RunMemoOf<Op> memo;
+      fold_run(op, v, memo);
+      scan_thread_run(op, carry, v, memo);
+      Run::put(stage, v);
+    }
     fence_proxy_async_shared();  // the threads' writes, before the copy engine reads them
     __syncthreads();
     if (p.valid == kTileLen) {
@@ -201,6 +278,52 @@ struct StagedSwizzledRunTiles {
   }
 
  private:
+  // The total of the thread's run: against its first element where that
+  // is tame, else by the op's fold.
+  __device__ Total fold_thread_run(const unsigned char* stage, bool& tame) const {
+    tame = false;
+    if constexpr (kFirstReferenced) {
+      const typename Run::Address a = Run::Address::of_thread();
+      typename Run::Part part;
+      Run::load_vector(stage, a, 0, part);
+      FirstReferencedSum sum(part[0]);
+      sum.add(part);
+#pragma unroll
+      for (int j = 1; j < Run::kVectors; ++j) {
+        Run::load_vector(stage, a, j, part);
+        sum.add(part);
+      }
+      tame = sum.tame();
+      if (tame) return sum.total();
+    }
+    StateOf<Op> v[Run::kLen];
+    Run::load(stage, v);
+    RunMemoOf<Op> memo;
+    return fold_run(op, v, memo);
+  }
+  // A tame run's scan, vector by vector in its stage.
+  __device__ void scan_first_referenced(unsigned char* stage, const Total& carry) const {
+    const typename Run::Address a = Run::Address::of_thread();
+    typename Run::Part part;
+    Run::load_vector(stage, a, 0, part);
+    if (!(carry.m == neg_inf<float>() || is_finite(carry.m))) {
+      // +inf or NaN absorbs a tame run.
+#pragma unroll
+      for (int k = 0; k < Run::Vector::kElems; ++k) part[k] = carry.m;
+#pragma unroll
+      for (int j = 0; j < Run::kVectors; ++j) Run::put_vector(stage, a, j, part);
+      return;
+    }
+    FirstReferencedScan scan(carry, part[0]);
+    scan.scan(part);
+    Run::put_vector(stage, a, 0, part);
+#pragma unroll
+    for (int j = 1; j < Run::kVectors; ++j) {
+      Run::load_vector(stage, a, j, part);
+      scan.scan(part);
+      Run::put_vector(stage, a, j, part);
+    }
+  }
   // A short tile's positions past the row set to the identity (which a scan
   // may take anywhere: results past the row are not stored). Ends behind a
   // barrier.
