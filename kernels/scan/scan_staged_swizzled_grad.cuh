@@ -76,8 +76,9 @@ struct StagedSwizzledGradTiles : GradRuns<Op, kReverse, kSwizzledGradRunLen> {
   // tile's fold rather than right after the scan: thread 0 waits there
   // for its tensor store to have read the stage, and the whole block
   // waited on it at the next barrier (61.5-62.0 us against 62.6-62.7,
-  // above). Every other tiles type with bulk stores asks at once: with the
-  // deferral, float32 logcumsumexp forward took 59.6-59.7 against 57.7-59.0.
+  // above). Of the other tiles types with bulk stores only two-byte
+  // StagedSwizzledRunTiles defer too: with the deferral, float32
+  // logcumsumexp forward took 59.6-59.7 against 57.7-59.0.
   static constexpr bool kDeferredRequests = true;
   using Maps = SwizzledGradMaps;
   static_assert(kStageBytes % kStageAlign == 0, "every stage starts on a swizzle pattern");

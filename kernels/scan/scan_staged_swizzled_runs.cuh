@@ -227,7 +227,15 @@ struct StagedSwizzledRunTiles {
   static constexpr LookBack kLookBack = LookBack::kStride;
   static constexpr bool kPrefetches = false;
   static constexpr bool kBulkStores = true;
-  static constexpr bool kDeferredRequests = false;
+  // Two-byte runs ask for a scanned tile's stage again after the next
+  // tile's fold, as StagedSwizzledGradTiles do: thread 0 then waits for its
+  // tensor store to have read the stage while the block waits for its
+  // prefix anyway, not before the fold, which the block's barrier held
+  // back for it. H100, bfloat16 [1, 16M], launcher timer, three runs in
+  // each of two machine starts: 36.6-36.9 and 36.4-37.0 us against 37.0-37.6
+  // and 37.2 (benchmarks/RESULTS.md). Float32 runs ask at once (deferred,
+  // 59.4 against 58.7).
+  static constexpr bool kDeferredRequests = kFirstReferenced;
   using Maps = SwizzledRowMaps;
   Op op;
   int64_t len, tiles;
