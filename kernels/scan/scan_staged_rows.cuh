@@ -879,7 +879,9 @@ constexpr int kStagedBlocksPerSm =
 // scan stores whole tiles by a bulk copy from the stage, thread 0's, which
 // must have read the stage before the stage is asked for again
 // (kBulkStores), and whether the stage is asked for again right after its
-// scan or only after the next tile's fold (kDeferredRequests). Tiles copied
+// scan or only after the next tile's fold (kDeferredRequests); and whether
+// a round's early prefix reads go out at its start or only once the next
+// tile's data is in (kEarlyReadsAfterData). Tiles copied
 // by tensor maps (StagedSwizzledRunTiles, scan_staged_swizzled_runs.cuh;
 // StagedSwizzledGradTiles, scan_staged_swizzled_grad.cuh) name them as
 // Maps, handed to request and scan, and where their stages must start
@@ -908,6 +910,7 @@ struct StagedPlainTiles {
   static constexpr bool kPrefetches = false;
   static constexpr bool kBulkStores = kStagedRuns<Op> && StagedRun<Op, kReverse>::kBulkStores;
   static constexpr bool kDeferredRequests = false;
+  static constexpr bool kEarlyReadsAfterData = false;
   // The run layout's tiles (logcumsumexp forward) come in with their L2
   // lines marked to go first: they are read once, and so leave L2 to the
   // published totals and what the scans wrote. H100, [1, 16M], launcher
@@ -1060,17 +1063,26 @@ __global__ void __launch_bounds__(kScanBlock, Tiles::kBlocksPerSm)
             ? EarlyReads<Total>{shared_reads[threadIdx.x],
                                 shared_reads[kSecond * kScanBlock + threadIdx.x]}
             : EarlyReads<Total>{register_read, kSecond == 1 ? register_read2 : register_read};
-    if constexpr (kStride && kReads != PrefixReads::kAfterFold) {
-      start_stride_prefix<kReads, kEarly>(early, row_tiles, here.tile, step);
-    } else if constexpr (kReads != PrefixReads::kAfterFold) {
-      start_staged_prefix<kReads>(early_read, row_tiles, row_groups, here.tile);
-    }
+    auto start_prefix_reads = [&] {
+      if constexpr (kStride && kReads != PrefixReads::kAfterFold) {
+        start_stride_prefix<kReads, kEarly>(early, row_tiles, here.tile, step);
+      } else if constexpr (kReads != PrefixReads::kAfterFold) {
+        start_staged_prefix<kReads>(early_read, row_tiles, row_groups, here.tile);
+      }
+    };
+    const bool folds_ahead = g + step < all;
+    // With kEarlyReadsAfterData the reads wait for the next tile's data,
+    // where there is a next tile to fold: in the first round more of the
+    // earlier blocks' first totals are out by then (scan_staged_swizzled_runs.cuh).
+    const bool reads_after_data = Tiles::kEarlyReadsAfterData && folds_ahead;
+    if (!reads_after_data) start_prefix_reads();
     const int next_slot = slot + 1 == Tiles::kStages ? 0 : slot + 1;
     const int next_phase = next_slot == 0 ? phase ^ 1 : phase;
     StagedPlace there{};
-    if (g + step < all) {
+    if (folds_ahead) {
       there = tiles_of.place(g + step);
       mbarrier_wait(&full[next_slot], next_phase);
+      if (reads_after_data) start_prefix_reads();
       STAGED_STAMP(2 + 4 * i);
       ask_ramp(i + 2);
       publish(there, tiles_of.fold(there, stage_of(next_slot), next));

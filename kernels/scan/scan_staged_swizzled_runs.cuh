@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/fast_exp2.h"
 #include "common/hopper.cuh"
 #include "scan/scan_block.cuh"
 #include "scan/scan_plan.h"
@@ -162,9 +163,18 @@ struct FirstReferencedSum {
   __device__ ScaledSum<float> total() const { return {first, s}; }
 };
 // The scan of a tame run from `prefix`, a finite exponent or the empty
-// prefix (-inf, 0), which adds 0:
+// prefix (-inf, 0), which adds 0. It spends two special-function
+// instructions an element (an exp and a log) where the fold spends one,
+// and the last kWeightsByFma of every eight weights go to the FMA pipe
+// instead (exp2_by_fma, whose 2^-126 for an exponent below -126 adds
+// nothing to a sum of at least about 1). H100, bfloat16 [1, 16M], launcher
+// timer, three runs in one machine start, both with kEarlyReadsAfterData:
+// 36.0, 35.0, 35.6 us with every weight on the special-function unit, 34.4,
+// 35.1, 34.6 with two of eight on the FMA pipe; four of eight took 34.5-35.3,
+// and two of eight in the fold as well 34.3-35.5 (benchmarks/RESULTS.md).
 struct FirstReferencedScan {
   static constexpr float kLog2e = FirstReferencedSum::kLog2e;
+  static constexpr int kWeightsByFma = 2;
   float top, ref, s;
   __device__ FirstReferencedScan(const ScaledSum<float>& prefix, float x0)
       : top(prefix.m > x0 ? prefix.m : x0), ref(top * kLog2e),
@@ -174,7 +184,8 @@ struct FirstReferencedScan {
   __device__ void scan(float (&x)[N]) {
 #pragma unroll
     for (int k = 0; k < N; ++k) {
-      s += exp2_flush(fmaf(x[k], kLog2e, -ref));
+      const float power = fmaf(x[k], kLog2e, -ref);
+      s += k % 8 >= 8 - kWeightsByFma ? exp2_by_fma(power) : exp2_flush(power);
       x[k] = top + log_of(s);
     }
   }
@@ -236,6 +247,16 @@ struct StagedSwizzledRunTiles {
   // and 37.2 (benchmarks/RESULTS.md). Float32 runs ask at once (deferred,
   // 59.4 against 58.7).
   static constexpr bool kDeferredRequests = kFirstReferenced;
+  // A round's early prefix reads go out once the next tile's data is in.
+  // Their round trip to L2 took a median 2.4-2.6 us in the later rounds
+  // wherever they went out, so they come back about as late after the fold
+  // either way; but in the first round, sent at the round's start, they
+  // went out before some of the earlier blocks' first totals (a median 40
+  // threads of a block read again, 2.1 us), and the wait after the fold
+  // was 2.7 us (median) against 1.8. H100, bfloat16 [1, 16M], launcher
+  // timer, three runs in each of two machine starts: 35.6-36.4 -> 34.9-35.3
+  // us and 36.1-36.4 -> 35.0-36.0; float32 58.8-59.1 -> 57.5-57.7.
+  static constexpr bool kEarlyReadsAfterData = true;
   using Maps = SwizzledRowMaps;
   Op op;
   int64_t len, tiles;
