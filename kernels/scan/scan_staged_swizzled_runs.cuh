@@ -170,8 +170,9 @@ struct FirstReferencedSum {
 // nothing to a sum of at least about 1). H100, bfloat16 [1, 16M], launcher
 // timer, three runs in one machine start, both with kEarlyReadsAfterData:
 // 36.0, 35.0, 35.6 us with every weight on the special-function unit, 34.4,
-// 35.1, 34.6 with two of eight on the FMA pipe; four of eight took 34.5-35.3,
-// and two of eight in the fold as well 34.3-35.5 (benchmarks/RESULTS.md).
+// 35.1, 34.6 with two of eight on the FMA pipe, and 34.3-35.5 with two of
+// eight in the fold as well; in another start four of eight took
+// 34.5-35.3 against two's 35.0-35.1 (benchmarks/RESULTS.md).
 struct FirstReferencedScan {
   static constexpr float kLog2e = FirstReferencedSum::kLog2e;
   static constexpr int kWeightsByFma = 2;
