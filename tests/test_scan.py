@@ -1108,6 +1108,48 @@ def test_staged_logcumsumexp_long_rows_on_cuda(dtype):
                                        equal_nan=True)
 
 
+# logcumsumexp forward on rows of several rounds of the swizzled grid (16M
+# positions: about four rounds of two-byte tiles on an H100, eight of
+# float32), where a tile's prefix is its block's previous tile's joined to
+# the tiles between as one sum against a reference exponent
+# (join_folds_on_reference, scan_publish.cuh), and the joins take over
+# where that is not safe. Row 0: its first 700001 positions near -100, so
+# that the tile where the row rises has a reference its earlier tiles
+# weigh nothing against (their sum is no longer at least 1: the joins),
+# though its first positions are all prefix; a drift of up to 15 above
+# the row's values, weighed above the reference; a stretch of -inf over
+# several tiles; and a jump to 200, which would overflow a weight. Rows 1
+# and 2, whose first tiles a block takes after tiles of the row before, a
+# +inf and a NaN. Tolerances tighter than tol's, which grows with the
+# length: the results are a few rounding steps of the dtype from the
+# float64 reference. Bit-identical run to run.
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_staged_logcumsumexp_rounds_on_cuda(dtype):
+    n = 1 << 24
+    shape = (3, n)
+    assert bt.scan_path(torch.empty(shape, device="meta"), -1) == "long_rows"
+    g = torch.Generator().manual_seed(29)
+    x = torch.randn(shape, generator=g)
+    x[0, :700_001] -= 100
+    drift = slice(3 * n // 10, 9 * n // 20)
+    x[0, drift] += torch.linspace(0, 15, drift.stop - drift.start)
+    x[0, n // 2 : n // 2 + 200_000] = -INF
+    x[0, 7 * n // 10 : 7 * n // 10 + 1000] = 200
+    x[1, 7 * n // 10 + 3] = INF
+    x[2, 8 * n // 10 + 5] = NAN
+    x = x.to(dtype).cuda()
+    atol = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 2e-5}[dtype]
+    for reverse in (False, True):
+        poison_allocator(x.device, x.numel())
+        got = bt.logcumsumexp(x, -1, reverse=reverse)
+        ref = reference("logcumsumexp", x, -1, reverse).to(dtype)
+        torch.testing.assert_close(got.double().cpu(), ref.double().cpu(), atol=atol,
+                                   rtol=tol(dtype, 1)["rtol"], equal_nan=True)
+        torch.testing.assert_close(bt.logcumsumexp(x, -1, reverse=reverse), got, atol=0, rtol=0,
+                                   equal_nan=True)
+
+
 # logcumsumexp backward on long rows: staged tiles of 4096 (dy, x and y
 # staged, or on float32 dy and y, each thread's run of x read from memory;
 # a thread's run of 16 carried by the recurrence S_s = dy_s +

@@ -329,6 +329,47 @@ __device__ StateOf<Op> join_warp_folds(const Op& op, const StateOf<Op>& v) {
   return prefix;
 }
 
+// The join of `lead` and every thread's `v` (a scaled sum each), as one
+// plain sum against lead's exponent: each thread weighs its v by one exp,
+// each warp adds its weights by five xor shuffles, and the eight warp sums
+// meet behind one barrier, which also tells every thread whether every
+// term was safe to add so. They are where lead's exponent is finite and
+// its sum in [0, 2^64], and every v is empty or has a finite exponent at
+// most 20 above lead's and a sum in [0, 2^64]: no weight overflows. The
+// result, (lead.m, lead.s + the weights), stands where that sum is at
+// least 1 (as a total's is): a weight that flushed to 0 was below 2^-62 of
+// it. Otherwise, and where a term was not safe (NaN fails every test), it
+// returns false, in every thread, and the caller joins. Which way a block
+// goes depends on the data alone, and the order of the sum is fixed, so
+// results stay bit-reproducible. Against a warp's fold by reference, the
+// eight warps' fold and a join with the lead, it spends one exp a thread
+// and no chain of joins (finish_stride_prefix, benchmarks/RESULTS.md).
+__device__ inline bool join_folds_on_reference(const ScaledSum<float>& lead,
+                                               const ScaledSum<float>& v,
+                                               ScaledSum<float>& joined) {
+  constexpr unsigned kAll = 0xffffffffu;
+  constexpr float kMaxSum = 18446744073709551616.f;  // 2^64
+  constexpr float kMaxAbove = 20.f;
+  constexpr int kWarps = kScanBlock / 32;
+  __shared__ float warp_sums[kWarps];
+  const bool empty = v.m == -INFINITY && v.s == 0.f;
+  // NaN fails every comparison, so a NaN anywhere sends the block to the joins.
+  const bool safe = is_finite(lead.m) && lead.s >= 0.f && lead.s <= kMaxSum &&
+                    (empty || (is_finite(v.m) && v.m <= lead.m + kMaxAbove && v.s >= 0.f &&
+                               v.s <= kMaxSum));
+  float sum = safe && !empty ? v.s * exp_nonpositive(v.m - lead.m) : 0.f;
+#pragma unroll
+  for (int d = 16; d >= 1; d /= 2) sum += __shfl_xor_sync(kAll, sum, d);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sum;
+  if (!__syncthreads_and(safe)) return false;
+  float total = lead.s;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) total += warp_sums[w];
+  if (!(total >= 1.f)) return false;
+  joined = {lead.m, total};
+  return true;
+}
+
 // The earlier groups' folds (warps 1 and up, in warp order), then the
 // group's earlier tiles' (warp 0).
 template <typename Op>

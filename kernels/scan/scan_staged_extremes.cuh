@@ -108,6 +108,7 @@ struct StagedExtremeTiles {
   static constexpr bool kPrefetches = false;
   static constexpr bool kDeferredRequests = false;
   static constexpr bool kEarlyReadsAfterData = false;
+  static constexpr bool kJoinOnOwnPrefix = false;
   static constexpr bool kBulkStores = false;
   static_assert(kTileLen >= ::baracuda::kTileLen, "the workspace holds a slot per tile");
   static_assert(sizeof(Total) == sizeof(State), "the tiles publish the op's own states");

@@ -127,6 +127,7 @@ struct StagedGradTiles : GradRuns<Op, kReverse, kStagedGradRunLen> {
   static constexpr bool kBulkStores = sizeof(T) == 4;
   static constexpr bool kDeferredRequests = false;
   static constexpr bool kEarlyReadsAfterData = false;
+  static constexpr bool kJoinOnOwnPrefix = false;
   static constexpr int kArrays = kPrefetches ? 2 : 3;  // staged, in input order
   static constexpr int kStageBytes = kArrays * kTileBytes;
   static constexpr int kBlocksPerSm = sizeof(T) == 2 ? 3 : 2;

@@ -772,7 +772,7 @@ __device__ void start_stride_prefix(EarlyReads<State> copies,
 // cumprod gradient tiles, at 80 registers, took 62.7-64.4 us in that form
 // and take 57.9-58.6 in this one (H100, [1, 16M], launcher timer, one
 // machine start), though this one's SASS spills 40 bytes.
-template <PrefixReads kReads, int kEarly, typename Op>
+template <PrefixReads kReads, int kEarly, bool kJoinOnOwnPrefix, typename Op>
 __device__ StateOf<Op> finish_stride_prefix(const Op& op, EarlyReads<StateOf<Op>> copies,
                                             const FlaggedState<StateOf<Op>>* row_tiles,
                                             int64_t tile, int64_t step,
@@ -796,6 +796,15 @@ __device__ StateOf<Op> finish_stride_prefix(const Op& op, EarlyReads<StateOf<Op>
       ++rest;  // past the end where there was no second slot: nothing left to fold
     }
     v = fold_published_onto<Op, 4>(op, v, mine.slots, rest, mine.range.end, mark);
+  }
+  if constexpr (kJoinOnOwnPrefix && kScansByReference<State>) {
+    State joined;
+    // A block's first tile of a row has no earlier tile of its own: its
+    // lead is a sum of 0 against own_prefix's exponent (the block's first
+    // tile's total, or its tile's prefix in the row before), a reference
+    // near the data's values.
+    const State lead = tile >= step ? own_prefix : State{own_prefix.m, 0.f};
+    if (join_folds_on_reference(lead, v, joined)) return joined;
   }
   const State between = join_warp_folds<0>(op, fold_warp(op, v));
   return tile >= step ? op.combine(own_prefix, between) : between;
@@ -911,6 +920,7 @@ struct StagedPlainTiles {
   static constexpr bool kBulkStores = kStagedRuns<Op> && StagedRun<Op, kReverse>::kBulkStores;
   static constexpr bool kDeferredRequests = false;
   static constexpr bool kEarlyReadsAfterData = false;
+  static constexpr bool kJoinOnOwnPrefix = false;
   // The run layout's tiles (logcumsumexp forward) come in with their L2
   // lines marked to go first: they are read once, and so leave L2 to the
   // published totals and what the scans wrote. H100, [1, 16M], launcher
@@ -1043,12 +1053,17 @@ __global__ void __launch_bounds__(kScanBlock, Tiles::kBlocksPerSm)
   StagedPlace here = tiles_of.place(blockIdx.x);
   mbarrier_wait(&full[0], 0);
   ask_ramp(1);
-  publish(here, tiles_of.fold(here, stage_of(0), cur));
+  const Total first_total = tiles_of.fold(here, stage_of(0), cur);
+  publish(here, first_total);
   STAGED_STAMP(1);
   // Round i scans tile blockIdx.x + i * step from stage i % Tiles::kStages,
   // whose barrier is then in its (i / Tiles::kStages)-th phase.
   int slot = 0, phase = 0, i = 0;
-  Total own_prefix = totals.identity();  // kStride: the block's previous tile's prefix
+  // kStride: the block's previous tile's prefix; in the first round, where
+  // there is none, the first tile's total, whose exponent is the reference
+  // of join_folds_on_reference there.
+  Total own_prefix = totals.identity();
+  if constexpr (Tiles::kJoinOnOwnPrefix && kScansByReference<Total>) own_prefix = first_total;
   for (int64_t g = blockIdx.x; g < all; g += step, ++i) {
     const auto row_tiles = ws.tile_totals + here.row * tiles;
     const auto row_groups = ws.group_totals + here.row * groups;
@@ -1105,8 +1120,8 @@ __global__ void __launch_bounds__(kScanBlock, Tiles::kBlocksPerSm)
       return totals.identity();
 #else
       if constexpr (kStride) {
-        return finish_stride_prefix<kReads, kEarly>(totals, early, row_tiles, here.tile, step,
-                                                    own_prefix, mark);
+        return finish_stride_prefix<kReads, kEarly, Tiles::kJoinOnOwnPrefix>(
+            totals, early, row_tiles, here.tile, step, own_prefix, mark);
       } else if constexpr (kReads != PrefixReads::kAfterFold) {
         return finish_staged_prefix<kReads>(totals, early_read, row_tiles, row_groups, here.tile,
                                             mark);

@@ -81,6 +81,7 @@ struct StagedSwizzledGradTiles : GradRuns<Op, kReverse, kSwizzledGradRunLen> {
   // logcumsumexp forward took 59.6-59.7 against 57.7-59.0.
   static constexpr bool kDeferredRequests = true;
   static constexpr bool kEarlyReadsAfterData = false;
+  static constexpr bool kJoinOnOwnPrefix = false;
   using Maps = SwizzledGradMaps;
   static_assert(kStageBytes % kStageAlign == 0, "every stage starts on a swizzle pattern");
 

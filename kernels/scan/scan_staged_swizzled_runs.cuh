@@ -258,6 +258,7 @@ struct StagedSwizzledRunTiles {
   // timer, three runs in each of two machine starts: 35.6-36.4 -> 34.9-35.3
   // us and 36.1-36.4 -> 35.0-36.0; float32 58.8-59.1 -> 57.5-57.7.
   static constexpr bool kEarlyReadsAfterData = true;
+  static constexpr bool kJoinOnOwnPrefix = true;
   using Maps = SwizzledRowMaps;
   Op op;
   int64_t len, tiles;
