@@ -763,7 +763,10 @@ __device__ void start_stride_prefix(EarlyReads<State> copies,
 // with kAfterFold), the rest of the thread's run all in flight at once (at
 // most three slots a thread where a grid holds up to 4 x 132 blocks), the
 // threads' folds joined in order, after `own_prefix`, the prefix of the
-// block's previous tile where that tile is in the row.
+// block's previous tile where that tile is in the row. With
+// kJoinOnOwnPrefix, scaled sums are joined first by
+// join_folds_on_reference (scan_publish.cuh), against own_prefix's
+// exponent, and by the joins only where it declines.
 // The shape of this function and of start_stride_prefix is measured, not
 // incidental. Written with the early reads' address and count kept from
 // the start (one fold of the totals after an `if` on the early reads), the
@@ -890,7 +893,9 @@ constexpr int kStagedBlocksPerSm =
 // (kBulkStores), and whether the stage is asked for again right after its
 // scan or only after the next tile's fold (kDeferredRequests); and whether
 // a round's early prefix reads go out at its start or only once the next
-// tile's data is in (kEarlyReadsAfterData). Tiles copied
+// tile's data is in (kEarlyReadsAfterData); and whether kStride's prefix
+// joins the totals as one sum against a reference exponent where that is
+// safe (kJoinOnOwnPrefix: finish_stride_prefix). Tiles copied
 // by tensor maps (StagedSwizzledRunTiles, scan_staged_swizzled_runs.cuh;
 // StagedSwizzledGradTiles, scan_staged_swizzled_grad.cuh) name them as
 // Maps, handed to request and scan, and where their stages must start
