@@ -108,7 +108,8 @@ struct ProdCombine {
 // result is off by up to 3.6e-6 relative at d ~ -87), the power by the bare
 // instruction (relative error ~2^-22). Results below 2^-126 flush to 0: the
 // callers add them to a term of 1 (log-add-exp, scaled sums) or scale a
-// gradient by them.
+// gradient by them. The same form holds for d up to 88 (2^y below 2^127);
+// join_folds_on_reference (scan_publish.cuh) takes it up to 20.
 BHD inline float exp_nonpositive(float d) {
 #ifdef __CUDA_ARCH__
   constexpr float kLog2e = 1.44269502f, kLog2eLow = 1.925963e-8f, kLn2 = 0.693147181f;

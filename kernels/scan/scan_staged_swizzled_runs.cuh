@@ -259,11 +259,11 @@ struct StagedSwizzledRunTiles {
   // us and 36.1-36.4 -> 35.0-36.0; float32 58.8-59.1 -> 57.5-57.7.
   static constexpr bool kEarlyReadsAfterData = true;
   // logcumsumexp's prefix joins the between tiles' totals as one sum
-  // against the block's previous prefix's exponent. H100, bfloat16 [1,
-  // 16M], launcher timer, three runs in one machine start: 34.3-35.1 us by
-  // the joins, 33.7-34.0 from the second round on, 33.6 from the first
-  // (against the first tile's total there); float32 57.9 -> 56.8
-  // (benchmarks/RESULTS.md). Cumsum's totals have no such join.
+  // against the block's previous prefix's exponent (in the first round,
+  // the first tile's total's). H100, bfloat16 [1, 16M], launcher timer,
+  // three runs in one machine start: 34.3-35.1 us by the joins, 33.7-34.0
+  // by this sum; float32 57.9 -> 56.8 (benchmarks/RESULTS.md). Cumsum's
+  // totals have no such join.
   static constexpr bool kJoinOnOwnPrefix = true;
   using Maps = SwizzledRowMaps;
   Op op;
