@@ -30,6 +30,7 @@ SHAPES = [
     ((32, 32768), -1),
     ((8, 262144), -1),         # a few long rows (long_rows)
     ((1, 1000003), -1),        # odd length
+    ((2, 2400128), -1),        # long rows whose last tile is short
     ((16, 2048, 64), 1),       # a middle dim, 64 wide
     ((64, 512, 128), 1),
     ((8, 4096, 3), 1),         # a narrow inner dim

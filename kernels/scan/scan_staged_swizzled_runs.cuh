@@ -56,8 +56,10 @@ __device__ inline uint32_t swizzled_offset(uint32_t logical) {
 }
 
 // Where thread t's run of kVectors consecutive 16-byte vectors (half a
-// line or a whole one) lies in a swizzled stage of kScanBlock such runs,
-// runs following each other in scan order: its j-th vector in scan order
+// line or a whole one) lies in a swizzled stage of `tile_vectors` vectors
+// (kScanBlock runs, or fewer in a row's short tile, whose threads past its
+// end have no run), runs following each other in scan order: its j-th
+// vector in scan order
 // at base + (key ^ 16 j). The run's vectors stay on one line: its first
 // in scan order lies at chunk c of the line, and its j-th at c + j
 // (forward, c a multiple of kVectors) or c - j (reversed, c + 1 a multiple
@@ -69,9 +71,9 @@ struct SwizzledRunAddress {
   static constexpr uint32_t kTileVectors = kScanBlock * kVectors;
   uint32_t base, key;
 
-  static __device__ SwizzledRunAddress of_thread() {
+  static __device__ SwizzledRunAddress of_thread(uint32_t tile_vectors = kTileVectors) {
     const uint32_t q = threadIdx.x * kVectors;  // the run's first vector in scan order
-    const uint32_t m = kReverse ? kTileVectors - 1 - q : q;  // ... in memory order
+    const uint32_t m = kReverse ? tile_vectors - 1 - q : q;  // ... in memory order
     const uint32_t line = m / 8, chunk = m % 8;
     return {line * kSwizzleLineBytes, (chunk ^ (line & 7u)) << 4};
   }
@@ -113,13 +115,11 @@ struct SwizzledRun {
                                     const Part& part) {
     *reinterpret_cast<uint4*>(a.vector(stage, j)) = Vector::pack(part);
   }
-  static __device__ void load(const unsigned char* stage, Acc (&v)[kLen]) {
-    const Address a = Address::of_thread();
+  static __device__ void load(const unsigned char* stage, const Address& a, Acc (&v)[kLen]) {
 #pragma unroll
     for (int j = 0; j < kVectors; ++j) load_vector(stage, a, j, part(v, j));
   }
-  static __device__ void put(unsigned char* stage, const Acc (&v)[kLen]) {
-    const Address a = Address::of_thread();
+  static __device__ void put(unsigned char* stage, const Address& a, const Acc (&v)[kLen]) {
 #pragma unroll
     for (int j = 0; j < kVectors; ++j) put_vector(stage, a, j, part(v, j));
   }
@@ -192,12 +192,18 @@ struct FirstReferencedScan {
   }
 };
 
+// How a thread's run of a swizzled tile is folded and scanned: against
+// its first element where it is tame (two-byte runs), as a run of -inf
+// alone (two-byte runs: a stretch a mask set to -inf), or by the op's
+// joins.
+enum class SwizzledRunPath : unsigned char { kJoins, kFirstReferenced, kAllNegInf };
+
 // What a swizzled tile's fold leaves its scan: the thread's prefix within
-// the tile, and whether its run was tame against its first element.
+// the tile, and its run's path.
 template <typename Op>
 struct SwizzledRunFold {
   TotalOf<Op> before;
-  bool tame;
+  SwizzledRunPath path;
 };
 
 // The arrays of a swizzled launch, x and y, each as
@@ -209,8 +215,13 @@ struct SwizzledRowMaps {
 // The tiles: StagedPlainTiles' run layout (the same fold, look-back and
 // scan) on swizzled stages of kSwizzledTileBytes. The arrays are seen by
 // the tensor maps as [rows][lines][128] bytes, a tile as a box of its
-// lines; a row's last tile in memory, where short, reads zeros past the
-// row, which the fold turns into the identity before anything reads them.
+// lines. A row's last tile in memory, where short, reads zeros past the
+// row, which no thread reads: the rows are whole lines, and a thread whose
+// line is past the row has no run (it adds the identity). Those lines were
+// once set to the identity, -inf, for every thread to scan; the runs of
+// -inf took the op's joins, and a row with such a tile took twice as long
+// or more (H100, bfloat16, launcher timer: [1, 16776704], eight lines short
+// of 16M, 76.5 us against 34.3 for [1, 16M]; benchmarks/RESULTS.md).
 template <typename Op, bool kReverse>
 struct StagedSwizzledRunTiles {
   using T = typename Op::Storage;
@@ -287,22 +298,11 @@ struct StagedSwizzledRunTiles {
   }
   __device__ Total fold(const StagedPlace& p, unsigned char* stage, Fold& f) const {
     __shared__ typename BlockTotalsScan<Totals>::TempStorage scratch;
-    if (p.valid < kTileLen) fill_past_row(stage, p.valid);
-    return join_staged_runs(scratch, totals(), fold_thread_run(stage, f.tame), f.before);
+    return join_staged_runs(scratch, totals(), fold_thread_run(p, stage, f.path), f.before);
   }
   __device__ void scan(const StagedPlace& p, unsigned char* stage, const Fold& f,
                        const Total& prefix, const Maps& maps) const {
-    const Total carry = totals().combine(prefix, f.before);
-    if (kFirstReferenced && f.tame) {
-      scan_first_referenced(stage, carry);
-    } else {
-      StateOf<Op> v[Run::kLen];
-      Run::load(stage, v);
-      RunMemoOf<Op> memo;
-      fold_run(op, v, memo);
-      scan_thread_run(op, carry, v, memo);
-      Run::put(stage, v);
-    }
+    if (has_run(p)) scan_thread_run_in_stage(p, stage, f, totals().combine(prefix, f.before));
     fence_proxy_async_shared();  // the threads' writes, before the copy engine reads them
     __syncthreads();
     if (p.valid == kTileLen) {
@@ -315,12 +315,23 @@ struct StagedSwizzledRunTiles {
   }
 
  private:
+  // The tile's lines inside its row.
+  __device__ static uint32_t lines_of(const StagedPlace& p) {
+    return static_cast<uint32_t>(p.valid * int64_t{sizeof(T)} / kSwizzleLineBytes);
+  }
+  __device__ static bool has_run(const StagedPlace& p) { return threadIdx.x < lines_of(p); }
+  __device__ static typename Run::Address run_address(const StagedPlace& p) {
+    return Run::Address::of_thread(lines_of(p) * Run::kVectors);
+  }
   // The total of the thread's run: against its first element where that
-  // is tame, else by the op's fold.
-  __device__ Total fold_thread_run(const unsigned char* stage, bool& tame) const {
-    tame = false;
+  // is tame, the identity where it is all -inf or past the row, else by
+  // the op's fold.
+  __device__ Total fold_thread_run(const StagedPlace& p, const unsigned char* stage,
+                                   SwizzledRunPath& path) const {
+    path = SwizzledRunPath::kJoins;
+    if (!has_run(p)) return totals().identity();
+    const typename Run::Address a = run_address(p);
     if constexpr (kFirstReferenced) {
-      const typename Run::Address a = Run::Address::of_thread();
       typename Run::Part part;
       Run::load_vector(stage, a, 0, part);
       FirstReferencedSum sum(part[0]);
@@ -330,25 +341,73 @@ struct StagedSwizzledRunTiles {
         Run::load_vector(stage, a, j, part);
         sum.add(part);
       }
-      tame = sum.tame();
-      if (tame) return sum.total();
+      if (sum.tame()) {
+        path = SwizzledRunPath::kFirstReferenced;
+        return sum.total();
+      }
+      if (sum.first == neg_inf<float>() && all_neg_inf(stage, a)) {
+        path = SwizzledRunPath::kAllNegInf;
+        return totals().identity();
+      }
     }
     StateOf<Op> v[Run::kLen];
-    Run::load(stage, v);
+    Run::load(stage, a, v);
     RunMemoOf<Op> memo;
     return fold_run(op, v, memo);
   }
+  // The thread's run scanned from `carry`, in place in its stage.
+  __device__ void scan_thread_run_in_stage(const StagedPlace& p, unsigned char* stage,
+                                           const Fold& f, const Total& carry) const {
+    const typename Run::Address a = run_address(p);
+    if constexpr (kFirstReferenced) {
+      if (f.path == SwizzledRunPath::kFirstReferenced) {
+        scan_first_referenced(stage, a, carry);
+        return;
+      }
+      if (f.path == SwizzledRunPath::kAllNegInf) {
+        // Each result is the carry's, as the op's joins leave it.
+        put_run_of(stage, a, Op::lower(carry));
+        return;
+      }
+    }
+    StateOf<Op> v[Run::kLen];
+    Run::load(stage, a, v);
+    RunMemoOf<Op> memo;
+    fold_run(op, v, memo);
+    scan_thread_run(op, carry, v, memo);
+    Run::put(stage, a, v);
+  }
+  // Runs of -inf alone once took the op's joins: a tile of them took
+  // 8.2-8.7 us to fold and 13.8 to scan, against about 1.5 and 1.8 for
+  // tame runs, and with every other stretch of 65536 masked a row took
+  // three times as long (H100, bfloat16 [1, 16M], launcher timer,
+  // SCAN_X=masked, 100.7 us against 33.8 unmasked; benchmarks/RESULTS.md).
+  __device__ static bool all_neg_inf(const unsigned char* stage, const typename Run::Address& a) {
+    bool all = true;
+#pragma unroll
+    for (int j = 0; j < Run::kVectors; ++j) {
+      typename Run::Part part;
+      Run::load_vector(stage, a, j, part);
+#pragma unroll
+      for (int k = 0; k < Run::Vector::kElems; ++k) all &= part[k] == neg_inf<float>();
+    }
+    return all;
+  }
+  __device__ static void put_run_of(unsigned char* stage, const typename Run::Address& a,
+                                    float value) {
+    typename Run::Part part;
+#pragma unroll
+    for (int k = 0; k < Run::Vector::kElems; ++k) part[k] = value;
+#pragma unroll
+    for (int j = 0; j < Run::kVectors; ++j) Run::put_vector(stage, a, j, part);
+  }
   // A tame run's scan, vector by vector in its stage.
-  __device__ void scan_first_referenced(unsigned char* stage, const Total& carry) const {
-    const typename Run::Address a = Run::Address::of_thread();
+  __device__ void scan_first_referenced(unsigned char* stage, const typename Run::Address& a,
+                                        const Total& carry) const {
     typename Run::Part part;
     Run::load_vector(stage, a, 0, part);
     if (!(carry.m == neg_inf<float>() || is_finite(carry.m))) {
-      // +inf or NaN absorbs a tame run.
-#pragma unroll
-      for (int k = 0; k < Run::Vector::kElems; ++k) part[k] = carry.m;
-#pragma unroll
-      for (int j = 0; j < Run::kVectors; ++j) Run::put_vector(stage, a, j, part);
+      put_run_of(stage, a, carry.m);  // +inf or NaN absorbs a tame run
       return;
     }
     FirstReferencedScan scan(carry, part[0]);
@@ -361,34 +420,17 @@ struct StagedSwizzledRunTiles {
       Run::put_vector(stage, a, j, part);
     }
   }
-  // A short tile's positions past the row set to the identity (which a scan
-  // may take anywhere: results past the row are not stored). Ends behind a
-  // barrier.
-  __device__ void fill_past_row(unsigned char* stage, int64_t valid) const {
-    const T identity = from_acc<T>(op.identity());
-    for (int64_t p = valid + threadIdx.x; p < kTileLen; p += kScanBlock) {
-      *reinterpret_cast<T*>(stage + swizzled_offset(static_cast<uint32_t>(p * sizeof(T)))) =
-          identity;
-    }
-    __syncthreads();
-  }
   // A short tile's elements inside the row, by the threads, in memory
-  // order: whole vectors where they are inside, else element by element.
+  // order: its whole lines, so whole vectors.
   __device__ void store_short(const StagedPlace& p, const unsigned char* stage) const {
     constexpr int kElems = 16 / int{sizeof(T)};
-    T* dst = op.dst + p.first;
+    uint4* dst = reinterpret_cast<uint4*>(op.dst + p.first);
+    const int64_t vectors = p.valid / kElems;
 #pragma unroll
     for (int c = 0; c < Run::kVectors; ++c) {
       const int m = c * kScanBlock + threadIdx.x;
-      const int64_t first = int64_t{m} * kElems;
-      const unsigned char* vector = stage + swizzled_offset(static_cast<uint32_t>(m) * 16);
-      if (first + kElems <= p.valid) {
-        reinterpret_cast<uint4*>(dst)[m] = *reinterpret_cast<const uint4*>(vector);
-      } else {
-        for (int64_t e = first; e < p.valid; ++e) {
-          dst[e] = reinterpret_cast<const T*>(vector)[e - first];
-        }
-      }
+      const uint32_t at = swizzled_offset(static_cast<uint32_t>(m) * 16);
+      if (m < vectors) dst[m] = *reinterpret_cast<const uint4*>(stage + at);
     }
     // The copy engine writes this stage next, after the loop's barrier.
     fence_proxy_async_shared();
