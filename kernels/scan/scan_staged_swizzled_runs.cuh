@@ -221,7 +221,7 @@ struct SwizzledRowMaps {
 // once set to the identity, -inf, for every thread to scan; the runs of
 // -inf took the op's joins, and a row with such a tile took twice as long
 // or more (H100, bfloat16, launcher timer: [1, 16776704], eight lines short
-// of 16M, 76.5 us against 34.3 for [1, 16M]; benchmarks/RESULTS.md).
+// of 16M, 79.7 us so and 34.1 now; benchmarks/RESULTS.md).
 template <typename Op, bool kReverse>
 struct StagedSwizzledRunTiles {
   using T = typename Op::Storage;
@@ -381,7 +381,7 @@ struct StagedSwizzledRunTiles {
   // 8.2-8.7 us to fold and 13.8 to scan, against about 1.5 and 1.8 for
   // tame runs, and with every other stretch of 65536 masked a row took
   // three times as long (H100, bfloat16 [1, 16M], launcher timer,
-  // SCAN_X=masked, 100.7 us against 33.8 unmasked; benchmarks/RESULTS.md).
+  // SCAN_X=masked: 100.8 us so, 33.2 now; benchmarks/RESULTS.md).
   __device__ static bool all_neg_inf(const unsigned char* stage, const typename Run::Address& a) {
     bool all = true;
 #pragma unroll
