@@ -556,6 +556,28 @@ def test_logcumsumexp_wide_spans_and_neg_inf_stretches(device, dtype, shape, dim
                                        rtol=t["rtol"] + slack)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("shape,dim,path", ONE_PER_PATH, ids=lambda v: str(v))
+def test_logcumsumexp_masked_stretches(device, dtype, shape, dim, path, rng):
+    # On CUDA a thread's run of -inf alone adds nothing: its total is the
+    # identity and each result the prefix's, without the joins. Stretches
+    # of -inf, the first an all -inf prefix; then stretches after a +inf
+    # (each result +inf) and one holding a NaN (not all -inf: it takes the
+    # joins, and every later result is NaN).
+    n = shape[dim]
+    s = max(1, min(300, n // 6))
+    pos = torch.arange(n).reshape([n if d == dim % len(shape) else 1 for d in range(len(shape))])
+    noise = torch.randn(shape, generator=rng, dtype=torch.float64)
+    stretches = torch.where((pos // s) % 2 == 0, -INF, noise)
+    specials = torch.where((pos // s) % 2 == 1, -INF, noise)
+    specials = torch.where(pos == s // 2, INF, specials)
+    specials = torch.where(pos == 3 * s + s // 2, NAN, specials)
+    for x in (stretches, specials):
+        x = x.to(dtype).to(device)
+        for reverse in (False, True):
+            check("logcumsumexp", x, dim, reverse)
+
+
 @pytest.mark.parametrize("shape,dim,path", ONE_PER_PATH, ids=lambda v: str(v))
 def test_logcumsumexp_float32_rising_runs_near_zero(device, shape, dim, path):
     # On CUDA a float32 run's weights exp(x - hi) skip exp's correction term

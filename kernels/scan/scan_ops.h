@@ -378,6 +378,14 @@ struct PlainForward : Combine<Acc>, PlainIo<T, Acc> {
 // an exp and a log per element where log_add_exp costs an exp, a division
 // and a series. A -inf after the first element weighs 0, and a NaN there
 // turns S_k, and so every result from it on, to NaN, as the joins would.
+// A run of -inf alone (a masked stretch of logits, or the identity an
+// engine puts past the end of a row) adds nothing: its total is the
+// identity and each of its results the prefix's, as the joins give
+// them, but at many times a tame run's cost once unrolled over a long
+// run. H200, launcher timer, every other stretch of 65536
+// positions -inf (SCAN_X=masked), us, joins -> this: bfloat16 [4096, 8192]
+// along dim -1 90.0 -> 59.7, [1048576, 16] 36.4 -> 29.8; float32
+// [4096, 8192] 105.0 -> 94.6, [1, 16M] 55.8 -> 48.0 (benchmarks/RESULTS.md).
 // Other runs (+inf, a first element NaN, -inf or far below hi) take the
 // joins. Which way a run goes depends on its data alone, so results stay
 // bit-reproducible. (H100, [4096, 8192] bfloat16 along dim 0: testing the
@@ -396,8 +404,9 @@ struct LogcumsumexpForward : LogAddExpCombine<Acc>, PlainIo<T, Acc> {
   using TotalCombine = ScaledSumCombine<Acc>;
   using Total = ScaledSum<Acc>;
   struct RunMemo {
-    Acc hi;     // the run's largest element
-    bool tame;  // the elements were replaced by their weights
+    Acc hi;       // the run's largest element (fmax: NaN passed over)
+    bool tame;    // the elements were replaced by their weights
+    bool absent;  // every element is -inf
   };
 
   // fmax passes over NaN: a NaN after the first element reaches the weights
@@ -415,10 +424,21 @@ struct LogcumsumexpForward : LogAddExpCombine<Acc>, PlainIo<T, Acc> {
   BHD static Acc lower(const Total& t) {
     return is_finite(t.m) ? t.m + log_of(t.s) : t.m;
   }
+  // Whether every element is -inf, given the run's fmax `hi`, which is
+  // -inf only when every element is -inf or NaN.
+  template <int N>
+  BHD static bool all_neg_inf(const Acc (&x)[N], Acc hi) {
+    if (hi != neg_inf<Acc>()) return false;
+    bool all = true;
+    for (int k = 0; k < N; ++k) all &= x[k] == neg_inf<Acc>();
+    return all;
+  }
   // The total of the whole run; a tame run's elements become their weights.
   template <int N>
   BHD Total run_total(Acc (&x)[N], RunMemo& memo) const {
     memo.tame = tame(x, memo.hi);
+    memo.absent = !memo.tame && all_neg_inf(x, memo.hi);
+    if (memo.absent) return lift(this->identity());
     if (!memo.tame) {
       Acc t = this->identity();
       BARACUDA_RUN_LOOP(N, k, t = this->combine(t, x[k]);)
@@ -437,6 +457,11 @@ struct LogcumsumexpForward : LogAddExpCombine<Acc>, PlainIo<T, Acc> {
   // x[k] becomes the join of `prefix` and the run's elements up to k.
   template <int N>
   BHD void scan_run(const Total& prefix, Acc (&x)[N], const RunMemo& memo) const {
+    if (memo.absent) {
+      const Acc p = lower(prefix);
+      for (int k = 0; k < N; ++k) x[k] = p;
+      return;
+    }
     if (!memo.tame) {
       Acc p = lower(prefix);
       BARACUDA_RUN_LOOP(N, k, x[k] = p = this->combine(p, x[k]);)

@@ -381,7 +381,12 @@ struct StagedSwizzledRunTiles {
   // 8.2-8.7 us to fold and 13.8 to scan, against about 1.5 and 1.8 for
   // tame runs, and with every other stretch of 65536 masked a row took
   // three times as long (H100, bfloat16 [1, 16M], launcher timer,
-  // SCAN_X=masked: 100.8 us so, 33.2 now; benchmarks/RESULTS.md).
+  // SCAN_X=masked: 100.8 us so, 33.2 now; benchmarks/RESULTS.md). The op's
+  // run scan now takes such runs without the joins too (scan_ops.h), but
+  // only once the run is loaded whole and its largest element found; this
+  // test reads the stage a vector at a time. H200, launcher timer,
+  // SCAN_X=masked, bfloat16, us, with this test / the op's alone:
+  // [1, 16M] 29.9 / 31.8, [4, 4194304] 29.6 / 31.6, [64, 262144] 29.5 / 30.9.
   __device__ static bool all_neg_inf(const unsigned char* stage, const typename Run::Address& a) {
     bool all = true;
 #pragma unroll
