@@ -342,9 +342,11 @@ KernelStatus launch_staged_tiles(const Tiles& tiles_of, int64_t rows, void* work
                                                dim3(kScanBlock), args, kSharedBytes, stream));
 }
 
-// [rows][len] elements of T at `base` as [rows][lines][128] bytes for the
-// tensor copy engine, a box being `box_lines` lines of one row, with the
-// 128-byte swizzle. Needs rows of whole lines, 16-byte aligned.
+// [rows][len] elements of T as [rows][lines][128] bytes for the tensor copy
+// engine, a box being `box_lines` lines of one row, with the 128-byte
+// swizzle: each row's whole lines from `base` on (the first row's start, or
+// a multiple of 16 bytes into it), a part-line after them left out. Needs
+// `base` and the rows' bytes multiples of 16, and a whole line a row.
 template <typename T>
 bool encode_swizzled_rows(CUtensorMap* map, const void* base, int64_t len, int64_t rows,
                           int box_lines) {
@@ -377,7 +379,8 @@ inline int64_t block_shared_limit() {
 }
 
 // Swizzled tiles (Forward and Backward: the two scan directions) where the
-// rows are whole 128-byte lines, the driver describes them (encode_maps:
+// rows are whole 128-byte lines (or, where the tiles take part-lines,
+// multiples of 16 bytes, a line at least), the driver describes them (encode_maps:
 // fills the tiles' Maps, false where it cannot), there are tiles for at
 // least one block an SM, and the device lets a block hold its stages
 // (about 100 KiB: compute capability 9.0 parts give a block 227, some
@@ -387,10 +390,15 @@ inline int64_t block_shared_limit() {
 // [1, 1M] (64 tiles) took 12.2 us against 10.8 on the unswizzled tiles,
 // [1, 4M] (256) 18.0 against 20.4.
 template <typename Forward, typename Backward, typename Op, typename EncodeMaps>
-bool launch_swizzled_tiles(const Op& op, const ScanShape& s, bool reverse, void* workspace,
-                           cudaStream_t stream, KernelStatus& st, EncodeMaps&& encode_maps) {
+bool launch_swizzled_tiles(const Op& op, const ScanShape& s, bool reverse, bool part_lines,
+                           void* workspace, cudaStream_t stream, KernelStatus& st,
+                           EncodeMaps&& encode_maps) {
   using T = typename Op::Storage;
-  if (s.len * int64_t{sizeof(T)} % kSwizzleLineBytes != 0) return false;
+  const int64_t row_bytes = s.len * int64_t{sizeof(T)};
+  if (part_lines ? row_bytes % 16 != 0 || row_bytes < kSwizzleLineBytes
+                 : row_bytes % kSwizzleLineBytes != 0) {
+    return false;
+  }
   const int64_t tiles = ceil_div(s.len, Forward::kTileLen);
   if (s.outer * tiles < multiprocessors()) return false;
   if (block_shared_limit() < staged_block_shared_bytes<Forward>(staged_early_reads<Forward>())) {
@@ -404,16 +412,21 @@ bool launch_swizzled_tiles(const Op& op, const ScanShape& s, bool reverse, void*
 }
 
 // The run layout's staged tiles (logcumsumexp forward) on swizzled stages,
-// StagedSwizzledRunTiles, where launch_swizzled_tiles lets them.
+// StagedSwizzledRunTiles, where launch_swizzled_tiles lets them. A reversed
+// scan's maps start past the row's first part-line (where its bytes are
+// not whole lines), so that part-line is the last in scan order.
 template <typename Op>
 bool launch_swizzled_runs(const Op& op, const ScanShape& s, bool reverse, void* workspace,
                           cudaStream_t stream, KernelStatus& st) {
   using T = typename Op::Storage;
   using Forward = StagedSwizzledRunTiles<Op, false>;
+  const int64_t skip = reverse ? s.len % Forward::kLineElems : 0;
   return launch_swizzled_tiles<Forward, StagedSwizzledRunTiles<Op, true>>(
-      op, s, reverse, workspace, stream, st, [&](SwizzledRowMaps& maps) {
-        return encode_swizzled_rows<T>(&maps.src, op.src, s.len, s.outer, Forward::kLines) &&
-               encode_swizzled_rows<T>(&maps.dst, op.dst, s.len, s.outer, Forward::kLines);
+      op, s, reverse, true, workspace, stream, st, [&](SwizzledRowMaps& maps) {
+        return encode_swizzled_rows<T>(&maps.src, op.src + skip, s.len, s.outer,
+                                       Forward::kLines) &&
+               encode_swizzled_rows<T>(&maps.dst, op.dst + skip, s.len, s.outer,
+                                       Forward::kLines);
       });
 }
 
@@ -428,7 +441,7 @@ bool launch_swizzled_grad(const Op& op, const ScanShape& s, bool reverse, void* 
       StagedLogcumsumexpGradTiles<Op, false, StagedSwizzledGradTiles<Op, false, 1>>;
   using Backward = StagedLogcumsumexpGradTiles<Op, true, StagedSwizzledGradTiles<Op, true, 1>>;
   return launch_swizzled_tiles<Forward, Backward>(
-      op, s, reverse, workspace, stream, st, [&](SwizzledGradMaps& maps) {
+      op, s, reverse, false, workspace, stream, st, [&](SwizzledGradMaps& maps) {
         // The staged inputs, dy and y, in input order; x is read by the scan.
         return encode_swizzled_rows<T>(&maps.staged[0], op.dy, s.len, s.outer, Forward::kLines) &&
                encode_swizzled_rows<T>(&maps.staged[1], op.y, s.len, s.outer, Forward::kLines) &&
