@@ -18,7 +18,10 @@
 //                              cumprod's: the others take x normal);
 //                              SCAN_X=masked sets every other stretch of
 //                              65536 positions of x to -inf;
-//                              SCAN_ROWS="R,L;R,L" adds [R, L] shapes
+//                              SCAN_ROWS="R,L;R,L" adds [R, L] shapes;
+//                              SCAN_REVERSE=1 times the reversed scans
+//                              (their backward too), checked against the
+//                              reversed reference
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -186,12 +189,19 @@ struct TensorSet {
 };
 
 // The fields every launch shares (Args: ScanForwardArgs or ScanBackwardArgs).
+// SCAN_REVERSE=1: every launch, ours and the reference's, reversed.
+bool reverse_scans() {
+  const char* r = std::getenv("SCAN_REVERSE");
+  return r != nullptr && std::string(r) == "1";
+}
+
 template <typename Args>
 Args args_of(const Case& c, FloatDtype dtype) {
   Args a;
   a.kind = c.kind;
   a.dtype = dtype;
   a.shape = c.shape;
+  a.reverse = reverse_scans();
   return a;
 }
 
@@ -297,6 +307,7 @@ int main(int argc, char** argv) {
   const bool masked_x = x_draw && std::string(x_draw) == "masked";
   const double roofline = copy_roofline_gbs();
   std::printf("copy roofline %.1f GB/s\n\n", roofline);
+  if (reverse_scans()) std::printf("reversed scans (SCAN_REVERSE=1)\n\n");
   std::printf("| case | dtype | path | us | %% of copy roofline | copy of the same bytes, us | rel err |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
   struct Shape {

@@ -5,9 +5,10 @@
 #   bash benchmarks/scan_launch_timer.sh [TEXT]     cases whose name contains TEXT
 #
 # SCAN_DTYPE=bf16|f32 keeps one dtype; SCAN_X=bench draws every op's x as
-# the benchmark does (near 1); NVCC_ARCH (default 90a) picks the GPU
-# target; NVCC_FLAGS adds flags to the kernels' and the timer's compile (a
-# -D to try a variant: the timer sizes workspaces from the same plan;
+# the benchmark does (near 1); SCAN_REVERSE=1 times the reversed scans;
+# NVCC_ARCH (default 90a) picks the GPU target; NVCC_FLAGS adds flags to
+# the kernels' and the timer's compile (a -D to try a variant: the timer
+# sizes workspaces from the same plan;
 # -DBARACUDA_STAGED_TIMELINE prints, after each case on the staged long
 # rows, where its blocks spend their time: scan/scan_staged_timeline.cuh;
 # -DBARACUDA_LONG_ROWS_NO_PREFIX scans every tile of the long_rows kernel
