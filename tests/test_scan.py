@@ -1106,7 +1106,10 @@ def test_staged_long_rows_past_one_round_on_cuda(dtype):
 # later tiles outgrow the carry, one large element makes the run that
 # holds it too wide for its weights (a run scanned join by join), and one
 # element 50 above its neighbours gives its run weights near e^50 (two-byte
-# runs, weighed against their first element, still take them). A +inf
+# runs, weighed against their first element, still take them). Rows
+# longer than 140007 hold a masked stretch of -inf whose ends fall inside
+# runs, after a prefix in either direction (two-byte runs that start with
+# -inf go against their first element that is not). A +inf
 # in the second row absorbs what follows it (precedes, reversed), and a NaN
 # in the last turns it NaN. Results must be bit-identical run to run.
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -1123,6 +1126,8 @@ def test_staged_logcumsumexp_long_rows_on_cuda(dtype):
             x[0, 20000:30000] += torch.arange(10000, dtype=torch.float64) / 128
             x[0, 40007] = 80
             x[0, 50011] = 50
+        if shape[1] > 140_007:
+            x[0, 100_003:140_007] = -INF
         if shape[0] > 1:
             x[1, shape[1] // 3 + 5] = INF
             x[-1, shape[1] // 2 + 77] = NAN

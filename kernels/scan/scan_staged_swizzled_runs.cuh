@@ -141,7 +141,8 @@ struct SwizzledRun {
 // tame when its sum of weights is below 2^96 (about e^66.5): a first
 // element NaN or infinite, a NaN or +inf anywhere, or an element more than
 // about 66 above the first fails that, and such runs take the op's own
-// fold and scan. Tame totals (x_0, S < 2^96), joined over a row of fewer
+// fold and scan (a run that starts with -inf is first tried against its
+// first element that is not: StagedSwizzledRunTiles::lead_of). Tame totals (x_0, S < 2^96), joined over a row of fewer
 // than 2^31 elements, stay below 2^121. Neither keeps the run in registers:
 // the fold adds it up and the scan rewrites it a vector at a time in its
 // stage, and only a run that is not tame is loaded whole. H100, bfloat16
@@ -192,11 +193,18 @@ struct FirstReferencedScan {
   }
 };
 
-// How a thread's run of a swizzled tile is folded and scanned: against
-// its first element where it is tame (two-byte runs), as a run of -inf
-// alone (two-byte runs: a stretch a mask set to -inf), or by the op's
-// joins.
-enum class SwizzledRunPath : unsigned char { kJoins, kFirstReferenced, kAllNegInf };
+// How a thread's run of a swizzled tile is folded and scanned (two-byte
+// runs): against its first element where it is tame; as a run of -inf
+// alone (a stretch a mask set to -inf); against its lead, its first
+// element that is not -inf, where it starts with -inf and is tame from
+// there (a masked stretch ends inside it); else (and every float32 run)
+// by the op's fold and scan.
+enum class SwizzledRunPath : unsigned char {
+  kJoins,
+  kFirstReferenced,
+  kAllNegInf,
+  kLeadReferenced
+};
 
 // What a swizzled tile's fold leaves its scan: the thread's prefix within
 // the tile, and its run's path.
@@ -386,8 +394,9 @@ struct StagedSwizzledRunTiles {
     return Run::Address::of_thread(lines_of(p) * Run::kVectors);
   }
   // The total of the thread's run: against its first element where that
-  // is tame, the identity where it is all -inf or past the row, else by
-  // the op's fold.
+  // is tame, the identity where it is all -inf or past the row, against
+  // its lead where it starts with -inf and is tame from there, else by the
+  // op's fold.
   __device__ Total fold_thread_run(const StagedPlace& p, unsigned char* stage,
                                    SwizzledRunPath& path) const {
     path = SwizzledRunPath::kJoins;
@@ -408,9 +417,23 @@ struct StagedSwizzledRunTiles {
         path = SwizzledRunPath::kFirstReferenced;
         return sum.total();
       }
-      if (sum.first == neg_inf<float>() && all_neg_inf(stage, a)) {
-        path = SwizzledRunPath::kAllNegInf;
-        return totals().identity();
+      if (sum.first == neg_inf<float>()) {
+        const Lead lead = lead_of(stage, a);
+        if (lead.at == Run::kLen) {
+          path = SwizzledRunPath::kAllNegInf;
+          return totals().identity();
+        }
+        // The -inf before the lead weigh 0 against it.
+        FirstReferencedSum from_lead(lead.value);
+#pragma unroll
+        for (int j = 0; j < Run::kVectors; ++j) {
+          Run::load_vector(stage, a, j, part);
+          from_lead.add(part);
+        }
+        if (from_lead.tame()) {
+          path = SwizzledRunPath::kLeadReferenced;
+          return from_lead.total();
+        }
       }
     }
     StateOf<Op> v[Run::kLen];
@@ -432,6 +455,10 @@ struct StagedSwizzledRunTiles {
         put_run_of(stage, a, Op::lower(carry));
         return;
       }
+      if (f.path == SwizzledRunPath::kLeadReferenced) {
+        scan_lead_referenced(stage, a, carry);
+        return;
+      }
     }
     StateOf<Op> v[Run::kLen];
     Run::load(stage, a, v);
@@ -440,6 +467,12 @@ struct StagedSwizzledRunTiles {
     scan_thread_run(op, carry, v, memo);
     Run::put(stage, a, v);
   }
+  // A run's lead: its first element in scan order that is not -inf (a NaN
+  // is one), and where it stands; at Run::kLen where every element is -inf.
+  struct Lead {
+    int at;
+    float value;
+  };
   // Runs of -inf alone once took the op's joins: a tile of them took
   // 8.2-8.7 us to fold and 13.8 to scan, against about 1.5 and 1.8 for
   // tame runs, and with every other stretch of 65536 masked a row took
@@ -447,19 +480,24 @@ struct StagedSwizzledRunTiles {
   // SCAN_X=masked: 100.8 us so, 33.2 now; benchmarks/RESULTS.md). The op's
   // run scan now takes such runs without the joins too (scan_ops.h), but
   // only once the run is loaded whole and its largest element found; this
-  // test reads the stage a vector at a time. H200, launcher timer,
-  // SCAN_X=masked, bfloat16, us, with this test / the op's alone:
+  // search reads the stage a vector at a time. H200, launcher timer,
+  // SCAN_X=masked, bfloat16, us, with a test of this kind (then one that
+  // only asked whether every element is -inf) / the op's alone:
   // [1, 16M] 29.9 / 31.8, [4, 4194304] 29.6 / 31.6, [64, 262144] 29.5 / 30.9.
-  __device__ static bool all_neg_inf(const unsigned char* stage, const typename Run::Address& a) {
-    bool all = true;
+  // A run a masked stretch ends inside starts with -inf, which the op's
+  // run test takes as far below the rest: such runs took its joins.
+  __device__ static Lead lead_of(const unsigned char* stage, const typename Run::Address& a) {
+    Lead lead{Run::kLen, neg_inf<float>()};
 #pragma unroll
-    for (int j = 0; j < Run::kVectors; ++j) {
+    for (int j = Run::kVectors - 1; j >= 0; --j) {
       typename Run::Part part;
       Run::load_vector(stage, a, j, part);
 #pragma unroll
-      for (int k = 0; k < Run::Vector::kElems; ++k) all &= part[k] == neg_inf<float>();
+      for (int k = Run::Vector::kElems - 1; k >= 0; --k) {
+        if (!(part[k] == neg_inf<float>())) lead = {j * Run::Vector::kElems + k, part[k]};
+      }
     }
-    return all;
+    return lead;
   }
   __device__ static void put_run_of(unsigned char* stage, const typename Run::Address& a,
                                     float value) {
@@ -485,6 +523,31 @@ struct StagedSwizzledRunTiles {
     for (int j = 1; j < Run::kVectors; ++j) {
       Run::load_vector(stage, a, j, part);
       scan.scan(part);
+      Run::put_vector(stage, a, j, part);
+    }
+  }
+  // The scan of a run that is tame from its lead on: each result before the
+  // lead is the carry's, as the op's joins leave it, and the rest are
+  // scanned as a tame run from its first element, the lead (the -inf
+  // before it add at most 2^-126 to a sum that the lead makes about 1).
+  __device__ void scan_lead_referenced(unsigned char* stage, const typename Run::Address& a,
+                                       const Total& carry) const {
+    if (!(carry.m == neg_inf<float>() || is_finite(carry.m))) {
+      put_run_of(stage, a, carry.m);  // +inf or NaN absorbs a tame run
+      return;
+    }
+    const Lead lead = lead_of(stage, a);
+    const float before = Op::lower(carry);
+    FirstReferencedScan scan(carry, lead.value);
+#pragma unroll
+    for (int j = 0; j < Run::kVectors; ++j) {
+      typename Run::Part part;
+      Run::load_vector(stage, a, j, part);
+      scan.scan(part);
+#pragma unroll
+      for (int k = 0; k < Run::Vector::kElems; ++k) {
+        if (j * Run::Vector::kElems + k < lead.at) part[k] = before;
+      }
       Run::put_vector(stage, a, j, part);
     }
   }
