@@ -362,7 +362,10 @@ struct StagedSwizzledRunTiles {
     return static_cast<uint32_t>((p.valid + kLineElems - 1) / kLineElems);
   }
   // Whether the thread's run is its row's part-line: the last run of the
-  // row's last tile (the only short one where there is a part-line).
+  // row's last tile (the only short one where there is a part-line). Rows
+  // of whole lines never take it, but compile with it: float32 forward
+  // rows of whole lines took 0.4-1.2 us longer so (H200, launcher timer,
+  // [1, 16M] 49.0 -> 50.2; benchmarks/RESULTS.md).
   __device__ bool runs_part_line(const StagedPlace& p) const {
     return part_line() != 0 && p.valid < kTileLen && threadIdx.x + 1 == lines_of(p);
   }
