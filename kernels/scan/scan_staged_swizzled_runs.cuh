@@ -142,8 +142,9 @@ struct SwizzledRun {
 // element NaN or infinite, a NaN or +inf anywhere, or an element more than
 // about 66 above the first fails that, and such runs take the op's own
 // fold and scan (a run that starts with -inf is first tried against its
-// first element that is not: StagedSwizzledRunTiles::lead_of). Tame totals (x_0, S < 2^96), joined over a row of fewer
-// than 2^31 elements, stay below 2^121. Neither keeps the run in registers:
+// first element that is not: StagedSwizzledRunTiles::lead_of). Tame
+// totals (x_0, S < 2^96), joined over a row of fewer than 2^31 elements,
+// stay below 2^121. Neither keeps the run in registers:
 // the fold adds it up and the scan rewrites it a vector at a time in its
 // stage, and only a run that is not tame is loaded whole. H100, bfloat16
 // [1, 16M], launcher timer, three runs in each of three machine starts:
@@ -568,7 +569,9 @@ struct StagedSwizzledRunTiles {
     for (int c = 0; c < Run::kVectors; ++c) {
       const int m = c * kScanBlock + threadIdx.x;
       const uint32_t at = swizzled_offset(static_cast<uint32_t>(m) * 16);
-      if (m >= skip && m - skip < vectors) dst[m - skip] = *reinterpret_cast<const uint4*>(stage + at);
+      if (m >= skip && m - skip < vectors) {
+        dst[m - skip] = *reinterpret_cast<const uint4*>(stage + at);
+      }
     }
     // The copy engine writes this stage next, after the loop's barrier.
     fence_proxy_async_shared();
