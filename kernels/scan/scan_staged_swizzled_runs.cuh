@@ -412,11 +412,7 @@ struct StagedSwizzledRunTiles {
       Run::load_vector(stage, a, 0, part);
       FirstReferencedSum sum(part[0]);
       sum.add(part);
-#pragma unroll
-      for (int j = 1; j < Run::kVectors; ++j) {
-        Run::load_vector(stage, a, j, part);
-        sum.add(part);
-      }
+      add_vectors<1>(stage, a, sum);
       if (sum.tame()) {
         path = SwizzledRunPath::kFirstReferenced;
         return sum.total();
@@ -429,11 +425,7 @@ struct StagedSwizzledRunTiles {
         }
         // The -inf before the lead weigh 0 against it.
         FirstReferencedSum from_lead(lead.value);
-#pragma unroll
-        for (int j = 0; j < Run::kVectors; ++j) {
-          Run::load_vector(stage, a, j, part);
-          from_lead.add(part);
-        }
+        add_vectors<0>(stage, a, from_lead);
         if (from_lead.tame()) {
           path = SwizzledRunPath::kLeadReferenced;
           return from_lead.total();
@@ -470,6 +462,17 @@ struct StagedSwizzledRunTiles {
     fold_run(op, v, memo);
     scan_thread_run(op, carry, v, memo);
     Run::put(stage, a, v);
+  }
+  // The run's vectors from the kFrom-th on, added to `sum`.
+  template <int kFrom>
+  __device__ static void add_vectors(const unsigned char* stage, const typename Run::Address& a,
+                                     FirstReferencedSum& sum) {
+#pragma unroll
+    for (int j = kFrom; j < Run::kVectors; ++j) {
+      typename Run::Part part;
+      Run::load_vector(stage, a, j, part);
+      sum.add(part);
+    }
   }
   // A run's lead: its first element in scan order that is not -inf (a NaN
   // is one), and where it stands; at Run::kLen where every element is -inf.
