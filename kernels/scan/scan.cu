@@ -412,22 +412,31 @@ bool launch_swizzled_tiles(const Op& op, const ScanShape& s, bool reverse, bool 
 }
 
 // The run layout's staged tiles (logcumsumexp forward) on swizzled stages,
-// StagedSwizzledRunTiles, where launch_swizzled_tiles lets them. A reversed
-// scan's maps start past the row's first part-line (where its bytes are
-// not whole lines), so that part-line is the last in scan order.
-template <typename Op>
-bool launch_swizzled_runs(const Op& op, const ScanShape& s, bool reverse, void* workspace,
-                          cudaStream_t stream, KernelStatus& st) {
+// StagedSwizzledRunTiles, where launch_swizzled_tiles lets them; rows of
+// whole lines take the tiles compiled without the part-line's code. A
+// reversed scan's maps start past the row's first part-line (where its
+// bytes are not whole lines), so that part-line is the last in scan order.
+template <typename Op, bool kPartLines>
+bool launch_swizzled_runs_of(const Op& op, const ScanShape& s, bool reverse, void* workspace,
+                             cudaStream_t stream, KernelStatus& st) {
   using T = typename Op::Storage;
-  using Forward = StagedSwizzledRunTiles<Op, false>;
-  const int64_t skip = reverse ? s.len % Forward::kLineElems : 0;
-  return launch_swizzled_tiles<Forward, StagedSwizzledRunTiles<Op, true>>(
-      op, s, reverse, true, workspace, stream, st, [&](SwizzledRowMaps& maps) {
+  using Forward = StagedSwizzledRunTiles<Op, false, kPartLines>;
+  const int64_t skip = kPartLines && reverse ? s.len % Forward::kLineElems : 0;
+  return launch_swizzled_tiles<Forward, StagedSwizzledRunTiles<Op, true, kPartLines>>(
+      op, s, reverse, kPartLines, workspace, stream, st, [&](SwizzledRowMaps& maps) {
         return encode_swizzled_rows<T>(&maps.src, op.src + skip, s.len, s.outer,
                                        Forward::kLines) &&
                encode_swizzled_rows<T>(&maps.dst, op.dst + skip, s.len, s.outer,
                                        Forward::kLines);
       });
+}
+template <typename Op>
+bool launch_swizzled_runs(const Op& op, const ScanShape& s, bool reverse, void* workspace,
+                          cudaStream_t stream, KernelStatus& st) {
+  using T = typename Op::Storage;
+  return s.len * int64_t{sizeof(T)} % kSwizzleLineBytes == 0
+             ? launch_swizzled_runs_of<Op, false>(op, s, reverse, workspace, stream, st)
+             : launch_swizzled_runs_of<Op, true>(op, s, reverse, workspace, stream, st);
 }
 
 // Two-byte logcumsumexp backward on swizzled stages

@@ -224,29 +224,38 @@ struct SwizzledRowMaps {
 // The tiles: StagedPlainTiles' run layout (the same fold, look-back and
 // scan) on swizzled stages of kSwizzledTileBytes. The arrays are seen by
 // the tensor maps as [rows][lines][128] bytes, a tile as a box of its
-// lines. A row's last tile in scan order, where short, reads lines beyond
-// its elements (past the row, read as zeros, or for a reversed scan the
-// next tile's in memory), which no thread reads: a thread whose line is
-// outside the tile has no run (it adds the identity).
+// lines. A row's short tile reads lines beyond its elements (past the
+// row, read as zeros, or for a reversed scan of part-lines the next
+// tile's in memory), which no thread reads: a thread whose line is
+// outside the tile has no run (it adds the identity). On rows of whole
+// lines the tiles are laid from the row's start in memory, as the other
+// staged tiles are (place_staged_tile), so the short one is the row's
+// last in memory.
 //
-// A row whose bytes are not whole lines ends in part of one, which the
-// maps leave out: they hold a row's whole lines, counted from the row's
-// start, or for a reversed scan from its end (the maps start the
-// part-line's bytes into the row, and a reversed row's tiles are counted
-// from its end), so that in either direction the part-line is the last
-// run in scan order of the row's last tile, its only short one. Its
-// thread reads it from memory into its stage, -inf in the rest of the
-// line: those positions come after the row's elements in the run's scan
-// order, so they weigh nothing and a tame run stays tame. A reversed
-// row's last tile starts on line -1, which the copy engine reads as
-// zeros, and its store skips the part-line's positions before the row.
+// With kPartLines, a row whose bytes are not whole lines ends in part of
+// one, which the maps leave out: they hold a row's whole lines, counted
+// from the row's start, or for a reversed scan from its end (the maps
+// start the part-line's bytes into the row, and a reversed row's tiles
+// are counted from its end), so that in either direction the part-line
+// is the last run in scan order of the row's last tile, its only short
+// one. Its thread reads it from memory into its stage, -inf in the rest
+// of the line: those positions come after the row's elements in the
+// run's scan order, so they weigh nothing and a tame run stays tame. A
+// reversed row's last tile starts on line -1, which the copy engine reads
+// as zeros, and its store skips the part-line's positions before the row.
 //
 // Past-row lines were once set to the identity, -inf, for every thread to
 // scan; the runs of -inf took the op's joins, and a row with such a tile
 // took twice as long or more (H100, bfloat16, launcher timer:
 // [1, 16776704], eight lines short of 16M, 79.7 us so and 34.1 now;
 // benchmarks/RESULTS.md).
-template <typename Op, bool kReverse>
+//
+// Rows of whole lines take tiles without the part-line's code
+// (kPartLines false; launch_swizzled_runs, scan.cu): carrying it, though
+// they never ran it, float32 forward rows of whole lines took 0.4-1.2 us
+// longer (H200, launcher timer, [1, 16M] 49.0 -> 50.2;
+// benchmarks/RESULTS.md).
+template <typename Op, bool kReverse, bool kPartLines>
 struct StagedSwizzledRunTiles {
   using T = typename Op::Storage;
   using Run = SwizzledRun<Op, kReverse>;
@@ -306,11 +315,12 @@ struct StagedSwizzledRunTiles {
   int64_t len, tiles;
 
   __device__ Totals totals() const { return totals_of(op); }
-  // Tiles in scan order from the row's start, or reversed from its end, so
-  // that a row's short tile, and its part-line, come last in scan order.
+  // Tiles from the row's start in memory; with kPartLines, a reversed
+  // row's from its end, so that its short tile, and its part-line, come
+  // last in scan order.
   __device__ StagedPlace place(int64_t g) const {
-    if constexpr (!kReverse) {
-      return place_staged_tile<kTileLen, false>(g, len, tiles);
+    if constexpr (!kReverse || !kPartLines) {
+      return place_staged_tile<kTileLen, kReverse>(g, len, tiles);
     } else {
       StagedPlace p;
       p.row = static_cast<uint32_t>(g) / static_cast<uint32_t>(tiles);
@@ -323,7 +333,10 @@ struct StagedSwizzledRunTiles {
     }
   }
   // The elements of a row's part-line, 0 where the row is whole lines.
-  __device__ int64_t part_line() const { return len % kLineElems; }
+  __device__ int64_t part_line() const {
+    if constexpr (kPartLines) return len % kLineElems;
+    return 0;
+  }
   // The tile's first line in its map, the box's second coordinate: -1 for
   // a reversed row's last tile that starts with a part-line.
   __device__ int first_line(const StagedPlace& p) const {
@@ -363,10 +376,7 @@ struct StagedSwizzledRunTiles {
     return static_cast<uint32_t>((p.valid + kLineElems - 1) / kLineElems);
   }
   // Whether the thread's run is its row's part-line: the last run of the
-  // row's last tile (the only short one where there is a part-line). Rows
-  // of whole lines never take it, but compile with it: float32 forward
-  // rows of whole lines took 0.4-1.2 us longer so (H200, launcher timer,
-  // [1, 16M] 49.0 -> 50.2; benchmarks/RESULTS.md).
+  // row's last tile (the only short one where there is a part-line).
   __device__ bool runs_part_line(const StagedPlace& p) const {
     return part_line() != 0 && p.valid < kTileLen && threadIdx.x + 1 == lines_of(p);
   }
@@ -405,7 +415,9 @@ struct StagedSwizzledRunTiles {
                                    SwizzledRunPath& path) const {
     path = SwizzledRunPath::kJoins;
     if (!has_run(p)) return totals().identity();
-    if (runs_part_line(p)) fill_part_line(p, stage);
+    if constexpr (kPartLines) {
+      if (runs_part_line(p)) fill_part_line(p, stage);
+    }
     const typename Run::Address a = run_address(p);
     if constexpr (kFirstReferenced) {
       typename Run::Part part;
