@@ -17,7 +17,9 @@
 //                              the benchmark does (by default only
 //                              cumprod's: the others take x normal);
 //                              SCAN_X=masked sets every other stretch of
-//                              65536 positions of x to -inf;
+//                              65536 positions of x to -inf, and
+//                              SCAN_X=masked_short of 1000 (stretches
+//                              that end inside a thread's run);
 //                              SCAN_ROWS="R,L;R,L" adds [R, L] shapes;
 //                              SCAN_REVERSE=1 times the reversed scans
 //                              (their backward too), checked against the
@@ -304,7 +306,11 @@ int main(int argc, char** argv) {
   const char* only_dtype = std::getenv("SCAN_DTYPE");
   const char* x_draw = std::getenv("SCAN_X");
   const bool bench_x = x_draw && std::string(x_draw) == "bench";
-  const bool masked_x = x_draw && std::string(x_draw) == "masked";
+  // The masked stretches' length: none, 65536 or 1000 positions.
+  const size_t mask_stretch = !x_draw                                 ? 0
+                              : std::string(x_draw) == "masked"       ? 65536
+                              : std::string(x_draw) == "masked_short" ? 1000
+                                                                      : 0;
   const double roofline = copy_roofline_gbs();
   std::printf("copy roofline %.1f GB/s\n\n", roofline);
   if (reverse_scans()) std::printf("reversed scans (SCAN_REVERSE=1)\n\n");
@@ -374,11 +380,11 @@ int main(int argc, char** argv) {
           if (c.kind == ScanKind::kCumprod || bench_x) {
             for (float& v : xs) v = 1.f + 1e-3f * v;
           }
-          // SCAN_X=masked: every other stretch of 65536 positions -inf, as
-          // a mask leaves logits.
-          if (masked_x) {
+          // SCAN_X=masked or masked_short: every other stretch -inf, as a
+          // mask leaves logits.
+          if (mask_stretch != 0) {
             for (size_t i = 0; i < xs.size(); ++i) {
-              if ((i >> 16) % 2 == 1) xs[i] = -std::numeric_limits<float>::infinity();
+              if ((i / mask_stretch) % 2 == 1) xs[i] = -std::numeric_limits<float>::infinity();
             }
           }
           const int count = std::max(2, std::min(8, int(std::ceil(200e6 / c.bytes_moved()))));
