@@ -560,10 +560,11 @@ def test_logcumsumexp_wide_spans_and_neg_inf_stretches(device, dtype, shape, dim
 @pytest.mark.parametrize("shape,dim,path", ONE_PER_PATH, ids=lambda v: str(v))
 def test_logcumsumexp_masked_stretches(device, dtype, shape, dim, path, rng):
     # On CUDA a thread's run of -inf alone adds nothing: its total is the
-    # identity and each result the prefix's, without the joins. Stretches
-    # of -inf, the first an all -inf prefix; then stretches after a +inf
-    # (each result +inf) and one holding a NaN (not all -inf: it takes the
-    # joins, and every later result is NaN).
+    # identity and each result the prefix's, without the joins; a run that
+    # starts with -inf is weighed from its first element that is not.
+    # Stretches of -inf, the first an all -inf prefix; then stretches after
+    # a +inf (each result +inf) and one holding a NaN (not all -inf: it
+    # takes the joins, and every later result is NaN).
     n = shape[dim]
     s = max(1, min(300, n // 6))
     pos = torch.arange(n).reshape([n if d == dim % len(shape) else 1 for d in range(len(shape))])
@@ -572,7 +573,12 @@ def test_logcumsumexp_masked_stretches(device, dtype, shape, dim, path, rng):
     specials = torch.where((pos // s) % 2 == 1, -INF, noise)
     specials = torch.where(pos == s // 2, INF, specials)
     specials = torch.where(pos == 3 * s + s // 2, NAN, specials)
-    for x in (stretches, specials):
+    # Stretches at -100 and 100 in turn between the -inf: a stretch ending
+    # inside a run, where the values after it lie far above the prefix
+    # (e^-200 of it underflows in any float type).
+    level = torch.where((pos // (2 * s)) % 2 == 0, -100.0, 100.0)
+    steps = torch.where((pos // s) % 2 == 1, -INF, noise + level)
+    for x in (stretches, specials, steps):
         x = x.to(dtype).to(device)
         for reverse in (False, True):
             check("logcumsumexp", x, dim, reverse)

@@ -748,7 +748,7 @@ KernelStatus launch(const Op& op, const ScanShape& s, bool reverse, void* worksp
       return launch_long_rows(op, s, reverse, workspace, stream);
     }
     case ScanPath::kColumnStrips:
-      return launch_strips(op, s, plan.strips_per_outer, reverse, stream);
+      return launch_strips(with_late_runs(op), s, plan.strips_per_outer, reverse, stream);
     case ScanPath::kColumnTiles: {
       if constexpr (WidePositions<State>::value) {
         return KernelStatus::invalid("scan: column_tiles with 64-bit positions");

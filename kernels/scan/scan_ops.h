@@ -386,17 +386,30 @@ struct PlainForward : Combine<Acc>, PlainIo<T, Acc> {
 // positions -inf (SCAN_X=masked), us, joins -> this: bfloat16 [4096, 8192]
 // along dim -1 90.0 -> 59.7, [1048576, 16] 36.4 -> 29.8; float32
 // [4096, 8192] 105.0 -> 94.6, [1, 16M] 55.8 -> 48.0 (benchmarks/RESULTS.md).
-// Other runs (+inf, a first element NaN, -inf or far below hi) take the
-// joins. Which way a run goes depends on its data alone, so results stay
-// bit-reproducible. (H100, [4096, 8192] bfloat16 along dim 0: testing the
-// first element rather than every element's span took 61.4 -> 60.1 us.)
+// With kLateRuns, a run that starts with -inf and is tame from its lead,
+// its first element that is not -inf (a masked stretch ends inside it),
+// is weighed as a tame run whose first element is the lead: the -inf
+// before it weigh 0, so a running sum is 0 before the lead and at least
+// e^-64 from it on, and the results before it are the prefix's. Without
+// it such runs take the joins, up to 64 of them in the fold and again in
+// the scan. Only the column strips take kLateRuns (with_late_runs): there,
+// with every other stretch of 1000 positions -inf, [4096, 8192] along
+// dim 0 went 141 -> 87 us (float32) and 112 -> 55 (bfloat16), unmasked
+// rows within 0.6 us. Given to every engine, it cost unmasked float32
+// rows along dim -1 1.2 us and [1, 16M] 0.6-1.2, and of the row engines
+// only float32 long rows gained on masked input (H200, RESULTS.md).
+// Other runs (+inf, a first element NaN or far below hi, a NaN before the
+// lead) take the joins. Which way a run goes depends on its data alone,
+// so results stay bit-reproducible. (H100, [4096, 8192] bfloat16 along
+// dim 0: testing the first element rather than every element's span took
+// 61.4 -> 60.1 us.)
 //
 // The runs' totals are joined (across threads, warps, blocks and tiles) as
 // scaled sums (TotalCombine): a join costs one exp where log_add_exp costs
 // an exp and a log1p, and a tame run's total is (hi, S_N) with no log at
 // all. run_total leaves the weights in place of the elements and what
 // scan_run needs of the run in a RunMemo, so each element costs one exp.
-template <typename T, typename Acc>
+template <typename T, typename Acc, bool kLateRuns = false>
 struct LogcumsumexpForward : LogAddExpCombine<Acc>, PlainIo<T, Acc> {
   using State = Acc;
   using Storage = T;
@@ -433,10 +446,25 @@ struct LogcumsumexpForward : LogAddExpCombine<Acc>, PlainIo<T, Acc> {
     for (int k = 0; k < N; ++k) all &= x[k] == neg_inf<Acc>();
     return all;
   }
+  // The run's lead: its first element that is not -inf (a NaN is one),
+  // given that one is.
+  template <int N>
+  BHD static Acc lead_of(const Acc (&x)[N]) {
+    Acc lead = x[N - 1];
+    for (int k = N - 2; k >= 0; --k) lead = x[k] == neg_inf<Acc>() ? lead : x[k];
+    return lead;
+  }
   // The total of the whole run; a tame run's elements become their weights.
   template <int N>
   BHD Total run_total(Acc (&x)[N], RunMemo& memo) const {
     memo.tame = tame(x, memo.hi);
+    Acc first = x[0];
+    if constexpr (kLateRuns) {
+      if (!memo.tame && first == neg_inf<Acc>() && is_finite(memo.hi)) {
+        first = lead_of(x);
+        memo.tame = first >= memo.hi - Acc(64);  // false for NaN
+      }
+    }
     memo.absent = !memo.tame && all_neg_inf(x, memo.hi);
     if (memo.absent) return lift(this->identity());
     if (!memo.tame) {
@@ -445,7 +473,7 @@ struct LogcumsumexpForward : LogAddExpCombine<Acc>, PlainIo<T, Acc> {
       return lift(t);
     }
     Acc s = Acc(0);
-    for_each_run_weight<T, N>(memo.hi, memo.hi - x[0], [&](int k) { return x[k]; },
+    for_each_run_weight<T, N>(memo.hi, memo.hi - first, [&](int k) { return x[k]; },
                               [&](int k, Acc w) {
                                 x[k] = w;
                                 s += w;
@@ -480,13 +508,36 @@ struct LogcumsumexpForward : LogAddExpCombine<Acc>, PlainIo<T, Acc> {
     const Acc top = prefix.m > memo.hi ? prefix.m : memo.hi;
     const Acc a = prefix.s * exp_nonpositive_for<T>(prefix.m - top);
     const Acc b = exp_nonpositive_for<T>(memo.hi - top);
+    // A tame run's first weight is 0 only where it starts with -inf (its
+    // lead later).
+    const bool late = kLateRuns && x[0] == Acc(0);
     Acc s = Acc(0);
     for (int k = 0; k < N; ++k) {
       s += x[k];
       x[k] = top + log_of(a + b * s);
     }
+    // Before a late run's lead the sum is 0, so each result is top + log(a),
+    // the prefix's, or -inf where a underflowed: the prefix's value then.
+    if (late) {
+      const Acc p = lower(prefix);
+      for (int k = 0; k < N; ++k) x[k] = x[k] == neg_inf<Acc>() ? p : x[k];
+    }
   }
 };
+
+// The op an engine that takes late runs (above) launches: the same op,
+// except logcumsumexp forward, which becomes its kLateRuns form.
+template <typename Op>
+BHD Op with_late_runs(const Op& op) {
+  return op;
+}
+template <typename T, typename Acc>
+BHD LogcumsumexpForward<T, Acc, true> with_late_runs(const LogcumsumexpForward<T, Acc>& op) {
+  LogcumsumexpForward<T, Acc, true> late;
+  late.src = op.src;
+  late.dst = op.dst;
+  return late;
+}
 
 template <typename T, typename Acc, typename Pos, bool kMax>
 struct ExtremeForward : ExtremeCombine<Acc, Pos, kMax> {
