@@ -395,7 +395,7 @@ struct PlainForward : Combine<Acc>, PlainIo<T, Acc> {
 // the scan. Only the column strips take kLateRuns (with_late_runs): there,
 // with every other stretch of 1000 positions -inf, [4096, 8192] along
 // dim 0 went 141 -> 87 us (float32) and 112 -> 55 (bfloat16), unmasked
-// rows within 0.6 us. Given to every engine, it cost unmasked float32
+// rows within 0.9 us. Given to every engine, it cost unmasked float32
 // rows along dim -1 1.2 us and [1, 16M] 0.6-1.2, and of the row engines
 // only float32 long rows gained on masked input (H200, RESULTS.md).
 // Other runs (+inf, a first element NaN or far below hi, a NaN before the
@@ -534,8 +534,7 @@ BHD Op with_late_runs(const Op& op) {
 template <typename T, typename Acc>
 BHD LogcumsumexpForward<T, Acc, true> with_late_runs(const LogcumsumexpForward<T, Acc>& op) {
   LogcumsumexpForward<T, Acc, true> late;
-  late.src = op.src;
-  late.dst = op.dst;
+  static_cast<PlainIo<T, Acc>&>(late) = op;  // its pointers, whatever they are
   return late;
 }
 
