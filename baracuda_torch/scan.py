@@ -109,7 +109,9 @@ def scan_path(x: Tensor, dim: int) -> str:
     row), ``rows`` (longer rows, a block per row), ``long_rows`` (few very
     long rows, cut into tiles), ``column_strips`` (scan axis not innermost,
     columns enough for 256 strips of 32: a block walks the axis per strip),
-    ``column_tiles`` (fewer columns, an axis of 17 to 32768 positions: one
+    ``strip_tiles`` (fewer strips, an axis of 33 to 4096 positions: a block
+    per strip step), ``column_tiles`` (fewer columns, or strips' lanes
+    mostly idle, or a longer axis, an axis of 17 to 32768 positions: one
     pass over tiles of 16 positions), ``columns`` (other non-innermost axes:
     a thread per column) or ``empty``."""
     return _OPS.scan_path.default(x, dim)

@@ -38,10 +38,13 @@ PATH_CASES = [
     ((3, 40), 0, "columns"),        # one tile, one segment
     ((2, 12, 5, 3), 1, "columns"),
     ((1100, 7), 0, "column_tiles"),     # few columns, several tile groups
-    ((300, 1100), 0, "column_tiles"),
-    ((1100, 1024), 0, "column_tiles"),  # several tile groups per column
-    ((40, 3, 512), 0, "column_tiles"),
+    ((32, 530, 33), 1, "column_tiles"),  # over 1024 columns, strip lanes idle
+    ((4200, 64), 0, "column_tiles"),    # an axis too long for strip_tiles
     ((2, 33, 5, 3), 1, "column_tiles"),
+    ((300, 1100), 0, "strip_tiles"),    # a last strip of 12 columns
+    ((1100, 1024), 0, "strip_tiles"),   # many tiles a strip, the last short
+    ((40, 3, 512), 0, "strip_tiles"),   # two tiles
+    ((3, 500, 64), 1, "strip_tiles"),   # strips of several outer indices
     ((300, 8200), 0, "column_strips"),     # a last strip of 8 columns, a short last step
     ((9, 200, 1000), 1, "column_strips"),  # strips of several outer indices
     ((8, 50, 1001), 1, "column_strips"),   # rows of 1001 elements: loads through registers
@@ -163,9 +166,11 @@ def test_paths():
     assert bt.scan_path(meta(4096, 1024), -1) == "row_groups"
     assert bt.scan_path(meta(4096, 1025), -1) == "rows"
     assert bt.scan_path(meta(4096, 8192), 0) == "column_strips"
-    assert bt.scan_path(meta(1100, 1024), 0) == "column_tiles"  # too few strips
+    assert bt.scan_path(meta(1100, 1024), 0) == "strip_tiles"  # too few strips
+    assert bt.scan_path(meta(4096, 96), 0) == "strip_tiles"  # three strips, 128 short tiles
+    assert bt.scan_path(meta(4097, 96), 0) == "column_tiles"  # more
     assert bt.scan_path(meta(300, 100, 40), 1) == "column_tiles"  # strip lanes 3 in 8 idle
-    assert bt.scan_path(meta(4096, 96), 0) == "column_tiles"  # few columns
+    assert bt.scan_path(meta(4096, 7), 0) == "column_tiles"  # few columns
     assert bt.scan_path(meta(16, 96), 0) == "columns"  # one tile
     assert bt.scan_path(meta(40000, 3), 0) == "columns"  # too many tile groups
     assert bt.scan_path(meta(40000, 2048), 0) == "columns"  # too many tile groups
@@ -330,21 +335,40 @@ def test_host_lines_across_threads(name, rng):
         torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("name", ALL_OPS)
-def test_column_tiles_few_and_many_columns(device, dtype, name, rng):
-    # On CUDA, column_tiles reads a tile's prefix eight totals at a time
-    # with fewer than 1024 columns and one at a time with more: both,
-    # forward and backward, with several tile groups and a ragged last tile.
-    for shape in [(1100, 7), (1100, 3, 5), (530, 1100)]:
-        assert bt.scan_path(torch.empty(shape, device="meta"), 0) == "column_tiles"
+def check_forward_and_grad_on_path(name, dtype, device, rng, cases, path):
+    """Forward and backward, both directions, of every (shape, dim) of
+    `cases`, each of which takes `path` on CUDA."""
+    for shape, dim in cases:
+        assert bt.scan_path(torch.empty(shape, device="meta"), dim) == path
         x = random_input(shape, dtype, device, rng, name)
         if name == "logcumsumexp":  # no ties: torch's reference itself is smooth there
             x = torch.randn(shape, generator=rng).to(dtype).to(device)
         dy = torch.randn(shape, generator=rng).to(dtype).to(device)
         for reverse in (False, True):
-            check(name, x, 0, reverse)
-            check_grad(name, x, 0, reverse, dy)
+            check(name, x, dim, reverse)
+            check_grad(name, x, dim, reverse, dy)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", ALL_OPS)
+def test_strip_tiles_every_dtype(device, dtype, name, rng):
+    # On CUDA, a block per strip step; the step's length, hence the tiles
+    # a strip has, depends on the op and dtype: a ragged last strip, a short
+    # last tile, several outer indices.
+    check_forward_and_grad_on_path(name, dtype, device, rng,
+                                   [((700, 100), 0), ((3, 500, 64), 1), ((33, 2, 70), 0)],
+                                   "strip_tiles")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", ALL_OPS)
+def test_column_tiles_few_and_many_columns(device, dtype, name, rng):
+    # On CUDA, column_tiles reads a tile's prefix eight totals at a time
+    # with fewer than 1024 columns and one at a time with more: both, with
+    # several tile groups and a ragged last tile.
+    check_forward_and_grad_on_path(name, dtype, device, rng,
+                                   [((1100, 7), 0), ((1100, 3, 5), 0), ((32, 530, 33), 1)],
+                                   "column_tiles")
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
@@ -1411,25 +1435,26 @@ def test_staged_rows_standing_slots_back_to_back_on_cuda():
 
 
 # The paths whose workspace is zeroed by a kernel launched ahead of theirs
-# (long_rows, column_tiles): on compute capability 9.0 and up both kernels
-# launch programmatically, each allowed to start before the one ahead ends.
-# long_rows here for logcumsumexp and cummax (rows of aligned starts take the
-# staged kernel, with a memset, for cumsum, logcumsumexp and float32 cummax:
-# these rows are an odd number of elements long), column_tiles for cumsum
-# along dim 0.
-WORKSPACE_CASES = [("logcumsumexp", (2, (1 << 20) + 1), 1), ("cummax", (2, (1 << 20) + 1), 1),
-                   ("cumsum", (1100, 1024), 0)]
+# (long_rows, column_tiles, strip_tiles): on compute capability 9.0 and up
+# both kernels launch programmatically, each allowed to start before the one
+# ahead ends. long_rows here for logcumsumexp and cummax (rows of aligned
+# starts take the staged kernel, with a memset, for cumsum, logcumsumexp and
+# float32 cummax: these rows are an odd number of elements long),
+# column_tiles and strip_tiles for cumsum along dim 0.
+WORKSPACE_CASES = [("logcumsumexp", (2, (1 << 20) + 1), 1, "long_rows"),
+                   ("cummax", (2, (1 << 20) + 1), 1, "long_rows"),
+                   ("cumsum", (1100, 7), 0, "column_tiles"),
+                   ("cumsum", (1100, 1024), 0, "strip_tiles")]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("name,shape,dim", WORKSPACE_CASES, ids=str)
-def test_zeroed_workspace_paths_back_to_back_on_cuda(name, shape, dim):
+@pytest.mark.parametrize("name,shape,dim,path", WORKSPACE_CASES, ids=str)
+def test_zeroed_workspace_paths_back_to_back_on_cuda(name, shape, dim, path):
     """Calls queued back to back on one stream, with no sync between them:
     the caching allocator hands each call's workspace out again to the next,
     so a zeroing that ran before the previous kernel finished would corrupt
     that one's tickets and flags (a wrong result or a hang)."""
-    assert bt.scan_path(torch.empty(shape, device="meta"), dim) == (
-        "column_tiles" if dim == 0 else "long_rows")
+    assert bt.scan_path(torch.empty(shape, device="meta"), dim) == path
     g = torch.Generator(device="cuda").manual_seed(13)
     xs = [torch.randn(shape, generator=g, device="cuda") for _ in range(12)]
     outs = [ours(name, x, dim, reverse=k % 2 == 1) for k, x in enumerate(xs)]
@@ -1443,8 +1468,8 @@ def test_zeroed_workspace_paths_back_to_back_on_cuda(name, shape, dim):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("name,shape,dim", WORKSPACE_CASES, ids=str)
-def test_zeroed_workspace_paths_in_cuda_graph(name, shape, dim):
+@pytest.mark.parametrize("name,shape,dim,path", WORKSPACE_CASES, ids=str)
+def test_zeroed_workspace_paths_in_cuda_graph(name, shape, dim, path):
     g = torch.Generator(device="cuda").manual_seed(17)
     x = torch.randn(shape, generator=g, device="cuda")
     torch.cuda.synchronize()

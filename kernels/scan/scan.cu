@@ -29,6 +29,7 @@
 #include "scan/scan_staged_rows.cuh"
 #include "scan/scan_staged_swizzled_grad.cuh"
 #include "scan/scan_staged_swizzled_runs.cuh"
+#include "scan/scan_strip_tiles.cuh"
 #include "scan/scan_strips.cuh"
 #include "scan/scan_warp_rows.cuh"
 
@@ -707,7 +708,8 @@ __global__ void __launch_bounds__(kColumnBlock)
 // Whether an op's states carry 64-bit positions: only for axes longer than
 // INT32_MAX (scan_dispatch.h), which neither row_groups (rows of at most
 // kRowGroupMaxLen) nor column_tiles (at most kMaxColumnGroups groups of
-// kGroupTiles tiles) ever takes, so those paths are not compiled for them.
+// kGroupTiles tiles) nor strip_tiles (at most kMaxStripTiles short tiles)
+// ever takes, so those paths are not compiled for them.
 template <typename State>
 struct WidePositions : std::false_type {};
 template <typename Acc>
@@ -749,6 +751,13 @@ KernelStatus launch(const Op& op, const ScanShape& s, bool reverse, void* worksp
     }
     case ScanPath::kColumnStrips:
       return launch_strips(with_late_runs(op), s, plan.strips_per_outer, reverse, stream);
+    case ScanPath::kStripTiles: {
+      if constexpr (WidePositions<State>::value) {
+        return KernelStatus::invalid("scan: strip_tiles with 64-bit positions");
+      } else {
+        return launch_strip_tiles(op, s, plan, reverse, workspace, stream);
+      }
+    }
     case ScanPath::kColumnTiles: {
       if constexpr (WidePositions<State>::value) {
         return KernelStatus::invalid("scan: column_tiles with 64-bit positions");

@@ -1,0 +1,106 @@
+// The strip_tiles path of the CUDA scan engine (scan_plan.h): the strips'
+// step (scan_strips.cuh) as a tile of its own. A block takes one step of
+// one strip -- kStripWidth columns of one outer index (a lane per column),
+// kWarps * kStripRows<Op> positions of the axis (a warp per kStripRows) --
+// folds it, publishes its per-column totals, folds the earlier tiles' totals
+// of its strip into its carry and scans its step from there, as the
+// strips' walk would at that step. For shapes with too few strips to fill
+// the GPU with a block each, where column_tiles would chain tiles of 16
+// positions a thread per column. Included by scan.cu alone. No torch
+// headers.
+#pragma once
+
+#include <cstdint>
+
+#include "common/hopper.cuh"
+#include "scan/scan_block.cuh"
+#include "scan/scan_plan.h"
+#include "scan/scan_publish.cuh"
+#include "scan/scan_strips.cuh"
+
+namespace baracuda {
+namespace scan {
+
+// Positions of a tile: a strip step.
+template <typename Op>
+constexpr int64_t kStripTileLen = int64_t{kStripBlock / 32} * kStripRows<Op>;
+static_assert(kStripTileMinLen == (kStripBlock / 32) * 4,
+              "the plan sizes the workspace for steps of at least four positions a warp");
+static_assert(kMaxStripTiles <= kStripBlock, "a thread waits for each earlier tile");
+
+// Tiles take tickets tile-major (every strip's tile 0, then every strip's
+// tile 1, ...), so a tile waits only for smaller tickets: blocks already
+// running, whatever order the hardware starts them in. Tile t of strip b
+// publishes its totals at slots (t * strips + b) * kStripWidth + lane,
+// behind flag t * strips + b. A tile's carry is the in-order fold of the
+// earlier tiles' totals of its strip, read eight at a time: the same
+// association whatever the timing, so bit-identical run to run.
+template <typename Op>
+__global__ void __launch_bounds__(kStripBlock, kStripBlocksPerSm<Op>)
+    strip_tiles_kernel(Op op, ScanShape s, bool reverse, int64_t strips_per_outer,
+                       TileSlots<TotalOf<Op>> ws) {
+  using State = StateOf<Op>;
+  using Total = TotalOf<Op>;
+  using Aux = AuxOf<Op>;
+  constexpr int K = kStripRows<Op>;
+  static_assert(K >= 4, "the plan's workspace holds steps of four positions a warp or more");
+  static_assert(sizeof(Total) <= kWorkspaceSlotBytes, "a total larger than a workspace slot");
+  constexpr int kWarps = kStripBlock / 32;
+  __shared__ Total totals[kWarps][kStripWidth];
+  // Where only the last warp folds every total (kFoldEarlierWarpsOnly) it
+  // leaves the next step's carry here; a tile has no next step.
+  __shared__ Total next_carry[kStripWidth];
+  grid_dependency_wait();  // for the zeroed workspace (launch_behind_zeroing)
+  const int64_t strips = s.outer * strips_per_outer;
+  const int64_t ticket = take_ticket(ws.counter);
+  const int64_t tile = ticket / strips;
+  const int64_t strip = ticket - tile * strips;
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int64_t o = strip / strips_per_outer;
+  const int64_t column = (strip - o * strips_per_outer) * kStripWidth + lane;
+  // Lanes past the last column load and store nothing but keep step with
+  // the barriers.
+  const int64_t p_end = column < s.inner ? s.len : 0;
+  const Line line{o * s.len * s.inner + column, s.inner, s.len, reverse};
+  const int64_t first = tile * kStripTileLen<Op> + int64_t{warp} * K;
+
+  State cur[K];
+  Aux cur_aux[K];
+  load_run(op, line, first, p_end, cur, cur_aux);
+  RunMemoOf<Op> memo;
+  totals[warp][lane] = fold_run(op, cur, memo);
+  __syncthreads();
+  const TotalsOf<Op> joins = totals_of(op);
+  Total tile_total = joins.identity();
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) tile_total = joins.combine(tile_total, totals[w][lane]);
+  const int64_t slot = tile * strips + strip;
+  publish_block(ws.tile_totals + slot * kStripWidth + lane, warp == 0, tile_total,
+                ws.tile_flags + slot);
+
+  wait_all(ws.tile_flags + strip, strips, tile, 0);
+  __syncthreads();
+  Total carry = fold_volatile<8>(joins, joins.identity(), ws.tile_totals + strip * kStripWidth + lane,
+                                 strips * kStripWidth, tile);
+  finish_strip_step(op, line, first, p_end, cur, cur_aux, memo, totals, lane, carry,
+                    next_carry[lane]);
+}
+
+// The tiles of every strip along the axis: ceil(len / kStripTileLen<Op>),
+// no more than the plan's workspace holds.
+template <typename Op>
+KernelStatus launch_strip_tiles(const Op& op, const ScanShape& s, const ScanPlan& plan,
+                                bool reverse, void* workspace, cudaStream_t stream) {
+  const int64_t tiles = ceil_div(s.len, kStripTileLen<Op>);
+  const int64_t strips = s.outer * plan.strips_per_outer;
+  if (tiles > plan.tiles) return KernelStatus::invalid("scan: strip_tiles beyond its workspace");
+  const TileWorkspace& w = plan.tile_ws;
+  return launch_behind_zeroing(workspace, w.zeroed_bytes(), strip_tiles_kernel<Op>,
+                               dim3(static_cast<unsigned>(tiles * strips)), dim3(kStripBlock), 0,
+                               stream, op, s, reverse, plan.strips_per_outer,
+                               tile_slots<TotalOf<Op>>(workspace, w));
+}
+
+}  // namespace scan
+}  // namespace baracuda
