@@ -21,6 +21,8 @@
 //                              SCAN_X=masked_short of 1000 (stretches
 //                              that end inside a thread's run);
 //                              SCAN_ROWS="R,L;R,L" adds [R, L] shapes;
+//                              SCAN_COLS="O,L,I;O,L,I" adds [O, L, I]
+//                              shapes scanned along dim 1;
 //                              SCAN_REVERSE=1 times the reversed scans
 //                              (their backward too), checked against the
 //                              reversed reference
@@ -337,19 +339,29 @@ int main(int argc, char** argv) {
                           {"[1, 4194304]", {1, 1 << 22, 1}},
                           {"[4, 4194304]", {4, 1 << 22, 1}},
                           {"[64, 262144]", {64, 1 << 18, 1}}};
-  // SCAN_ROWS="R,L;R,L": more [R, L] shapes along dim -1, after these.
+  // SCAN_ROWS="R,L;R,L": more [R, L] shapes along dim -1, and
+  // SCAN_COLS="O,L,I;O,L,I": more [O, L, I] shapes along dim 1, after these.
   std::deque<std::string> labels;
-  if (const char* rows = std::getenv("SCAN_ROWS")) {
-    std::stringstream list(rows);
+  const auto add_shapes = [&](const char* env, int fields) {
+    const char* list_text = std::getenv(env);
+    if (list_text == nullptr) return;
+    std::stringstream list(list_text);
     std::string item;
     while (std::getline(list, item, ';')) {
-      const size_t comma = item.find(',');
-      if (comma == std::string::npos) continue;
-      const int64_t r = std::stoll(item.substr(0, comma)), l = std::stoll(item.substr(comma + 1));
-      labels.push_back("[" + std::to_string(r) + ", " + std::to_string(l) + "]");
-      shapes.push_back({labels.back().c_str(), {r, l, 1}});
+      std::stringstream numbers(item);
+      std::string number;
+      std::vector<int64_t> n;
+      while (std::getline(numbers, number, ',')) n.push_back(std::stoll(number));
+      if (static_cast<int>(n.size()) != fields) continue;
+      std::string label = "[";
+      for (size_t k = 0; k < n.size(); ++k) label += (k ? ", " : "") + std::to_string(n[k]);
+      labels.push_back(label + (fields == 3 ? "] dim=1" : "]"));
+      const ScanShape shape = fields == 3 ? ScanShape{n[0], n[1], n[2]} : ScanShape{n[0], n[1], 1};
+      shapes.push_back({labels.back().c_str(), shape});
     }
-  }
+  };
+  add_shapes("SCAN_ROWS", 2);
+  add_shapes("SCAN_COLS", 3);
   std::normal_distribution<float> normal;
   for (const bool bf16 : {false, true}) {
     if (only_dtype && std::string(only_dtype) != (bf16 ? "bf16" : "f32")) continue;

@@ -7,7 +7,8 @@
 # SCAN_DTYPE=bf16|f32 keeps one dtype; SCAN_X=bench draws every op's x as
 # the benchmark does (near 1), SCAN_X=masked / masked_short sets every
 # other stretch of 65536 / 1000 positions to -inf; SCAN_REVERSE=1 times
-# the reversed scans;
+# the reversed scans; SCAN_ROWS="R,L;..." and SCAN_COLS="O,L,I;..." add
+# shapes (along dim -1 and dim 1);
 # NVCC_ARCH (default 90a) picks the GPU target; NVCC_FLAGS adds flags to
 # the kernels' and the timer's compile (a -D to try a variant: the timer
 # sizes workspaces from the same plan;
