@@ -55,8 +55,9 @@
 //              per strip step -- a tile of the strips' walk -- with tickets
 //              as in column_tiles; a tile's carry is the in-order fold of
 //              its strip's earlier tiles' totals.
-//   column_tiles  inner > 1, too few columns for strips, an axis of at
-//              most kMaxColumnGroups groups of tiles: a tile is
+//   column_tiles  inner > 1, too few columns for strips and not taken by
+//              strip_tiles (a strip's lanes mostly idle, or a longer axis),
+//              an axis of at most kMaxColumnGroups groups of tiles: a tile is
 //              kColumnTileRows positions of the axis for
 //              kColumnBlock consecutive columns (a thread per column,
 //              coalesced along inner, its rows in registers), one pass with
