@@ -28,6 +28,24 @@ static_assert(kStripTileMinLen == (kStripBlock / 32) * 4,
               "the plan sizes the workspace for steps of at least four positions a warp");
 static_assert(kMaxStripTiles <= kStripBlock, "a thread waits for each earlier tile");
 
+// Blocks per SM a tile is compiled for. A tile does one step and exits, so
+// what hides its loads and its wait for the earlier tiles is other tiles
+// on the SM: three, where the column_strips walk keeps one or two (80
+// registers; the few spills are 4-12 bytes). The plain ops (cumsum,
+// cumprod forward, cumsum backward) and two-byte logcumsumexp forward,
+// which spilled 82 bytes so, keep the strips' count. H200, launcher timer,
+// us, two -> three blocks an SM: [1, 4096, 1024] along dim 1, bfloat16
+// cumprod backward 77.3 -> 61.7, logcumsumexp backward 72.0 -> 59.9,
+// cummax forward 55.1 -> 48.4, float32 cummax forward 51.1 -> 42.5;
+// [16, 2048, 64], bfloat16 cumprod backward 40.9 -> 34.4; but bfloat16
+// cummax forward there 28.7 -> 29.8, and logcumsumexp backward on
+// [4096, 96] along dim 0 19.5 -> 20.3 (benchmarks/RESULTS.md).
+template <typename Op>
+constexpr int kStripTileBlocksPerSm =
+    HasPlainIo<Op>::value && (!HasRunScan<Op>::value || sizeof(typename Op::Storage) == 2)
+        ? kStripBlocksPerSm<Op>
+        : 3;
+
 // Tiles take tickets tile-major (every strip's tile 0, then every strip's
 // tile 1, ...), so a tile waits only for smaller tickets: blocks already
 // running, whatever order the hardware starts them in. Tile t of strip b
@@ -36,7 +54,7 @@ static_assert(kMaxStripTiles <= kStripBlock, "a thread waits for each earlier ti
 // earlier tiles' totals of its strip, read eight at a time: the same
 // association whatever the timing, so bit-identical run to run.
 template <typename Op>
-__global__ void __launch_bounds__(kStripBlock, kStripBlocksPerSm<Op>)
+__global__ void __launch_bounds__(kStripBlock, kStripTileBlocksPerSm<Op>)
     strip_tiles_kernel(Op op, ScanShape s, bool reverse, int64_t strips_per_outer,
                        TileSlots<TotalOf<Op>> ws) {
   using State = StateOf<Op>;
