@@ -108,7 +108,7 @@ def scan_path(x: Tensor, dim: int) -> str:
     (scan axis innermost, rows of at most 1024: a group of 2 to 32 lanes per
     row), ``rows`` (longer rows, a block per row), ``long_rows`` (few very
     long rows, cut into tiles), ``column_strips`` (scan axis not innermost,
-    columns enough for 256 strips of 32: a block walks the axis per strip),
+    columns enough for 128 strips of 32: a block walks the axis per strip),
     ``strip_tiles`` (fewer strips, an axis of 33 to 4096 positions: a block
     per strip step), ``column_tiles`` (fewer columns, or strips' lanes
     mostly idle, or a longer axis, an axis of 17 to 32768 positions: one

@@ -47,6 +47,7 @@ PATH_CASES = [
     ((3, 500, 64), 1, "strip_tiles"),   # strips of several outer indices
     ((300, 8200), 0, "column_strips"),     # a last strip of 8 columns, a short last step
     ((9, 200, 1000), 1, "column_strips"),  # strips of several outer indices
+    ((2, 300, 2048), 1, "column_strips"),  # 128 strips, as few as the path takes
     ((8, 50, 1001), 1, "column_strips"),   # rows of 1001 elements: loads through registers
 ]
 # The first case of every path (the backward tests run these).
@@ -166,7 +167,9 @@ def test_paths():
     assert bt.scan_path(meta(4096, 1024), -1) == "row_groups"
     assert bt.scan_path(meta(4096, 1025), -1) == "rows"
     assert bt.scan_path(meta(4096, 8192), 0) == "column_strips"
-    assert bt.scan_path(meta(1100, 1024), 0) == "strip_tiles"  # too few strips
+    assert bt.scan_path(meta(2048, 4096), 0) == "column_strips"  # 128 strips
+    assert bt.scan_path(meta(2048, 4064), 0) == "strip_tiles"  # 127: too few strips
+    assert bt.scan_path(meta(1100, 1024), 0) == "strip_tiles"
     assert bt.scan_path(meta(4096, 96), 0) == "strip_tiles"  # three strips, 128 short tiles
     assert bt.scan_path(meta(4097, 96), 0) == "column_tiles"  # more
     assert bt.scan_path(meta(300, 100, 40), 1) == "column_tiles"  # strip lanes 3 in 8 idle
@@ -174,7 +177,7 @@ def test_paths():
     assert bt.scan_path(meta(16, 96), 0) == "columns"  # one tile
     assert bt.scan_path(meta(40000, 3), 0) == "columns"  # too many tile groups
     assert bt.scan_path(meta(40000, 2048), 0) == "columns"  # too many tile groups
-    assert bt.scan_path(meta(32768, 4096), 0) == "columns"  # too much workspace
+    assert bt.scan_path(meta(32768, 4064), 0) == "columns"  # too much workspace
     assert bt.scan_path(meta(1, 1 << 24), -1) == "long_rows"
 
 

@@ -109,8 +109,19 @@ constexpr int64_t kMaxBlocks = int64_t(1) << 30;
 
 constexpr int kStripWidth = 32;   // columns of a strip: a lane each
 constexpr int kStripBlock = 256;  // threads of a strip block
-// Two strips per SM of a large GPU: each keeps a step of loads in flight.
-constexpr int64_t kMinStrips = 256;
+// Strips from which a block walking each (column_strips) beats a block per
+// strip step (strip_tiles): about one per SM of a large GPU. Below, a
+// strip's walk, one step after another, is the whole kernel's time, while
+// strip_tiles' time grows with the strips. H200, launcher timer, strip_tiles
+// -> column_strips, us: [1, 2048, 4096] along dim 1 (128 strips), bfloat16
+// cumprod backward 92.0 -> 53.2, logcumsumexp backward 80.8 -> 49.7,
+// float32 cumsum 31.2 -> 22.3; [1, 2048, 7000] (219 strips), bfloat16
+// cumprod backward 147.7 -> 57.7. Four ops of 20 lose at 128 strips:
+// float32 cummax / cummin forward (65.5 -> 72.4) and bfloat16 cummax /
+// cummin backward (60.4 -> 73.2), which walk their strips slowest; one at
+// 219 (float32 logcumsumexp backward, 119.8 -> 130.3). At 96 strips seven
+// lose, up to 1.5x (benchmarks/RESULTS.md).
+constexpr int64_t kMinStrips = 128;
 
 // strip_tiles: a tile is a strip step, kStripBlock / 32 warps of
 // kStripRows<Op> positions each; the plan, knowing no op, sizes the
