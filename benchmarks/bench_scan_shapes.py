@@ -33,6 +33,8 @@ SHAPES = [
     ((2, 2400128), -1),        # long rows whose last tile is short
     ((16, 2048, 64), 1),       # a middle dim, 64 wide
     ((64, 512, 128), 1),
+    ((1, 4096, 1024), 1),      # a hidden dim: 32 strips of 32 columns (strip_tiles)
+    ((4, 2048, 1024), 1),      # 128 strips (column_strips)
     ((8, 4096, 3), 1),         # a narrow inner dim
     ((128, 1000, 7), 1),
     ((4096, 96), 0),           # few columns
