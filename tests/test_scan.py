@@ -449,6 +449,9 @@ def test_strips_staged_and_through_registers(device, dtype, name, rng):
         # More than one step of 256 positions, the last one partial; a
         # block's second strip past the last column.
         cases.append(((2, 300, 4104), 1, False))
+        # 128 strips: no more than the SMs of a large GPU, where two-byte
+        # ops walk one strip a block rather than two.
+        cases.append(((2, 300, 2048), 1, False))
     for shape, dim, off in cases:
         assert bt.scan_path(torch.empty(shape, device="meta"), dim) == "column_strips"
         x = random_input(shape, dtype, device, rng, name)

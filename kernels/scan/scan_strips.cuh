@@ -426,11 +426,11 @@ constexpr bool kStagedInteriorFetch =
 // Element (position p of the warp's part of the step, column c of the
 // strip) of an input of element type U sits at U index p * kStagedWidth + c
 // of the warp's region of the stage, the inputs one after the other.
-// Two blocks per SM, but one for two columns per lane (their 2 x 16 states
-// spilled in 128 registers) or two strips a block (kStripGroups).
-template <typename Op>
-__global__ void __launch_bounds__(kStripBlock * kStripGroups<Op>,
-                                  kLaneColumns<Op> == 2 || kStripGroups<Op> > 1 ? 1 : 2)
+// G strips a block (kStripGroups, or one where strips are few:
+// launch_strips). Two blocks per SM, but one for two columns per lane
+// (their 2 x 16 states spilled in 128 registers) or two strips a block.
+template <typename Op, int G>
+__global__ void __launch_bounds__(kStripBlock * G, kLaneColumns<Op> == 2 || G > 1 ? 1 : 2)
     staged_strips_kernel(Op op, ScanShape s, bool reverse, int64_t strips_per_outer) {
   using State = StateOf<Op>;
   using Total = TotalOf<Op>;
@@ -442,7 +442,6 @@ __global__ void __launch_bounds__(kStripBlock * kStripGroups<Op>,
   constexpr int W = kStagedWidth<Op>;
   constexpr int S = kStripStages<Op>;
   constexpr int kWarps = kStripBlock / 32;
-  constexpr int G = kStripGroups<Op>;
   constexpr int64_t kStepLen = int64_t{kWarps} * K;
   extern __shared__ uint4 staged[];
   __shared__ Total totals[2][G][kWarps][W];
@@ -634,24 +633,42 @@ bool staged_strips_fit(const Op& op, const ScanShape& s, bool& names_right) {
   return names_right && arrays_aligned16<false>(op, 0) && s.inner % 8 == 0;
 }
 
+// Launches the staged strips of an op, G strips a block.
+template <typename Op, int G>
+KernelStatus launch_staged_strips(const Op& op, const ScanShape& s, bool reverse,
+                                  cudaStream_t stream) {
+  constexpr int kSmem = kStagedSmemBytes<Op> * G;
+  auto kernel = staged_strips_kernel<Op, G>;
+  // Above 48 KiB, dynamic shared memory must be opted into per kernel.
+  const KernelStatus st =
+      to_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  if (!st.is_ok()) return st;
+  const int64_t per_outer = ceil_div(s.inner, kStagedWidth<Op> * G);
+  const unsigned grid = static_cast<unsigned>(std::min(s.outer * per_outer, kMaxBlocks));
+  kernel<<<grid, kStripBlock * G, kSmem, stream>>>(op, s, reverse, per_outer);
+  return launch_status();
+}
+
 // Launches the strips of an op: staged where that pays and fits
-// (kStagingPays, staged_strips_fit), through registers otherwise.
+// (kStagingPays, staged_strips_fit), through registers otherwise. Ops that
+// walk two strips a block (kStripGroups) walk one where there are no more
+// strips than SMs: two a block would leave half the SMs idle. H200,
+// launcher timer, bfloat16 [1, 2048, 4096] along dim 1 (128 strips), two
+// a block -> one: cumprod backward 53.5 -> 41.4 us, logcumsumexp forward
+// 28.3 -> 20.7, cummax backward 73.3 -> 63.3; at 219 strips one a block
+// lost 3-11 % (benchmarks/RESULTS.md).
 template <typename Op>
 KernelStatus launch_strips(const Op& op, const ScanShape& s, int64_t strips_per_outer,
                            bool reverse, cudaStream_t stream) {
   if constexpr (kStagingPays<Op>) {
     bool names_right = true;
     if (staged_strips_fit(op, s, names_right)) {
-      constexpr int kSmem = kStagedSmemBytes<Op> * kStripGroups<Op>;
-      auto kernel = staged_strips_kernel<Op>;
-      // Above 48 KiB, dynamic shared memory must be opted into per kernel.
-      const KernelStatus st = to_status(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-      if (!st.is_ok()) return st;
-      const int64_t per_outer = ceil_div(s.inner, kStagedWidth<Op> * kStripGroups<Op>);
-      const unsigned grid = static_cast<unsigned>(std::min(s.outer * per_outer, kMaxBlocks));
-      kernel<<<grid, kStripBlock * kStripGroups<Op>, kSmem, stream>>>(op, s, reverse, per_outer);
-      return launch_status();
+      if constexpr (kStripGroups<Op> > 1) {
+        if (s.outer * ceil_div(s.inner, kStagedWidth<Op>) <= multiprocessors()) {
+          return launch_staged_strips<Op, 1>(op, s, reverse, stream);
+        }
+      }
+      return launch_staged_strips<Op, kStripGroups<Op>>(op, s, reverse, stream);
     }
     if (!names_right) return KernelStatus::invalid("scan: an op misnames its inputs");
   }
