@@ -118,9 +118,10 @@ constexpr int kStripBlock = 256;  // threads of a strip block
 // float32 cumsum 31.2 -> 22.3; [1, 2048, 7000] (219 strips), bfloat16
 // cumprod backward 147.7 -> 57.7. Four ops of 20 lose at 128 strips:
 // float32 cummax / cummin forward (65.5 -> 72.4) and bfloat16 cummax /
-// cummin backward (60.4 -> 73.2), which walk their strips slowest; one at
-// 219 (float32 logcumsumexp backward, 119.8 -> 130.3). At 96 strips seven
-// lose, up to 1.5x (benchmarks/RESULTS.md).
+// cummin backward (60.4 -> 73.2; 63.3 since two-byte strips walk one a
+// block where they are few, launch_strips), which walk their strips
+// slowest; one at 219 (float32 logcumsumexp backward, 119.8 -> 130.3). At
+// 96 strips six lose even so, up to 1.34x (benchmarks/RESULTS.md).
 constexpr int64_t kMinStrips = 128;
 
 // strip_tiles: a tile is a strip step, kStripBlock / 32 warps of
