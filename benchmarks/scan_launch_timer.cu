@@ -44,18 +44,9 @@
 
 #include "scan/scan_kernels.h"
 #include "scan/scan_plan.h"
+#include "scan/scan_staged_timeline.cuh"  // empty without -DBARACUDA_STAGED_TIMELINE
 
 using namespace baracuda;
-
-#ifdef BARACUDA_STAGED_TIMELINE
-// Defined in scan.cu's build (scan/scan_staged_timeline.cuh).
-namespace baracuda {
-namespace scan {
-void clear_staged_timeline();
-void print_staged_timeline();
-}  // namespace scan
-}  // namespace baracuda
-#endif
 
 namespace {
 

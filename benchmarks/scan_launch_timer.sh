@@ -32,12 +32,19 @@ flags=(-O3 -std=c++17 -lineinfo --expt-relaxed-constexpr -Ikernels
 mkdir -p "$(dirname "$bin")"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-# shellcheck disable=SC2086  # NVCC_FLAGS is a list of flags
-nvcc "${flags[@]}" ${NVCC_FLAGS:-} -c kernels/scan/scan.cu -o "$tmp/scan.o"
-# shellcheck disable=SC2086  # as above
-nvcc "${flags[@]}" ${NVCC_FLAGS:-} -c benchmarks/scan_launch_timer.cu -o "$tmp/timer.o"
+# The scan's .cu files (its entry points, and a part per storage type and
+# direction: scan/scan_cuda_parts.h) and the timer compile side by side.
+pids=()
+for src in kernels/scan/*.cu benchmarks/scan_launch_timer.cu; do
+    # shellcheck disable=SC2086  # NVCC_FLAGS is a list of flags
+    nvcc "${flags[@]}" ${NVCC_FLAGS:-} -c "$src" -o "$tmp/$(basename "$src" .cu).o" &
+    pids+=("$!")
+done
 g++ -O2 -std=c++17 -Ikernels -c kernels/scan/scan_cpu.cpp -o "$tmp/scan_cpu.o"
-nvcc "-gencode=arch=compute_$arch,code=sm_$arch" "$tmp/scan.o" "$tmp/timer.o" "$tmp/scan_cpu.o" -o "$bin"
+for pid in "${pids[@]}"; do
+    wait "$pid"
+done
+nvcc "-gencode=arch=compute_$arch,code=sm_$arch" "$tmp"/*.o -o "$bin"
 if [[ ${BUILD_ONLY:-0} != 1 ]]; then
     "$bin" "$@"
 fi

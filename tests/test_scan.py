@@ -754,9 +754,9 @@ def test_cumprod_backward_two_byte_rows_moved_whole(device, dtype, rng):
 # past its last in reverse). These lengths and shifts (elements past an
 # aligned start) give each direction aligned and shifted rows, a ragged last
 # tile at either end of a row, and several rows in one launch.
-# Tiles are one, two or three chunks of 2048 (the op decides, scan.cu): rows
-# of 41000 end 40 elements into a chunk, so a last tile of two chunks has
-# its second wholly past the end.
+# Tiles are one, two or three chunks of 2048 (the op decides,
+# scan_launch.cuh): rows of 41000 end 40 elements into a chunk, so a last
+# tile of two chunks has its second wholly past the end.
 LONG_ROW_LAYOUTS = [((1, 40000), 0), ((1, 40000), 1), ((1, 40003), 0), ((1, 40003), 3),
                     ((3, 20000), 0), ((3, 20001), 0), ((2, 41000), 1)]
 

@@ -1,4 +1,4 @@
-// Block-level building blocks of the CUDA scan engine (scan.cu): warp
+// Block-level building blocks of the CUDA scan engine (scan_launch.cuh): warp
 // scans of states by shuffles, the combine as a cub scan operator, runs of
 // consecutive elements of one line of the axis, and the striped-load /
 // blocked-scan / striped-store chunk that the rows and long_rows paths

@@ -87,27 +87,28 @@ KernelStatus backward_for(const ScanBackwardArgs& a, Run&& run) {
   return KernelStatus::invalid("unknown scan kind");
 }
 
+// What storage type T accumulates in: float64 in float64, float32 in
+// Float32Acc, the half types in float32.
+template <typename T, typename Float32Acc>
+using AccumulatorOf = std::conditional_t<
+    std::is_same<T, double>::value, double,
+    std::conditional_t<std::is_same<T, float>::value, Float32Acc, float>>;
+
+// The forward or backward scan of storage type T, by the arguments' type.
+template <typename T, typename Acc, typename Args, typename Run>
+KernelStatus scan_for(const Args& a, Run&& run) {
+  if constexpr (std::is_same<Args, ScanForwardArgs>::value) {
+    return forward_for<T, Acc>(a, run);
+  } else {
+    return backward_for<T, Acc>(a, run);
+  }
+}
+
 template <typename Half, typename BFloat16, typename Float32Acc, typename Args, typename Run>
 KernelStatus dispatch_scan(const Args& a, Run&& run) {
-  constexpr bool kForward = std::is_same<Args, ScanForwardArgs>::value;
-  auto go = [&](auto storage, auto acc) {
-    using T = decltype(storage);
-    using Acc = decltype(acc);
-    if constexpr (kForward) {
-      return forward_for<T, Acc>(a, run);
-    } else {
-      return backward_for<T, Acc>(a, run);
-    }
-  };
   return dispatch_float_dtype<Half, BFloat16>(a.dtype, [&](auto storage) {
     using T = decltype(storage);
-    if constexpr (std::is_same<T, double>::value) {
-      return go(double{}, double{});
-    } else if constexpr (std::is_same<T, float>::value) {
-      return go(float{}, Float32Acc{});
-    } else {
-      return go(T{}, float{});
-    }
+    return scan_for<T, AccumulatorOf<T, Float32Acc>>(a, run);
   });
 }
 

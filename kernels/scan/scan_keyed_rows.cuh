@@ -1,6 +1,6 @@
 // Keyed long rows: cummax / cummin backward (ExtremeBackward, scan_ops.h) on
 // the long_rows path (scan_plan.h), with no tile ever waiting for another.
-// Included by scan.cu. No torch headers.
+// Included by scan_launch.cuh. No torch headers.
 //
 // The backward's keyed sum needs what comes before a tile in only one
 // place. Its outputs are nonzero only where the key (the position the

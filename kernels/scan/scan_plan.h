@@ -14,14 +14,14 @@
 //              per row (scan_warp_rows.cuh: the launcher's choice, same path
 //              name).
 //   long_rows  inner == 1, few long rows: one pass over tiles of one or
-//              more chunks (scan.cu), held in registers. Tiles take tickets
-//              in order, publish their totals, and each group of kGroupTiles
-//              tiles gets one total (published by the group's last tile); a
-//              tile's prefix is the in-order reduction of the earlier groups'
-//              totals and of the earlier tiles of its own group -- the same
-//              association whatever the timing, so bit-identical run to run,
-//              and a tile only ever waits for tiles with smaller tickets (no
-//              deadlock). Or, for cumsum, cumprod, cumsum's backward and
+//              more chunks (scan_launch.cuh), held in registers. Tiles take
+//              tickets in order, publish their totals, and each group of
+//              kGroupTiles tiles gets one total (published by the group's
+//              last tile); a tile's prefix is the in-order reduction of the
+//              earlier groups' totals and of the earlier tiles of its own
+//              group -- the same association whatever the timing, so
+//              bit-identical run to run, and a tile only ever waits for tiles
+//              with smaller tickets (no deadlock). Or, for cumsum, cumprod, cumsum's backward and
 //              float32 / two-byte logcumsumexp forward on 16-byte aligned
 //              rows, on GPUs with the bulk copy engine
 //              (scan_staged_rows.cuh: the launcher's choice, same path
@@ -91,8 +91,8 @@ enum class ScanPath : int {
 constexpr int kScanBlock = 256;         // threads of a row / tile block
 constexpr int kScanItems = 8;           // consecutive elements per thread
 constexpr int64_t kRowChunk = int64_t(kScanBlock) * kScanItems;
-// long_rows tiles are one or more chunks (the op decides, scan.cu); the plan
-// sizes the workspace for the shortest.
+// long_rows tiles are one or more chunks (the op decides, scan_launch.cuh);
+// the plan sizes the workspace for the shortest.
 constexpr int64_t kTileLen = kRowChunk;
 constexpr int64_t kGroupTiles = 32;
 constexpr int kColumnBlock = 128;       // threads of a column block

@@ -7,7 +7,7 @@
 // prefix. A block per row (the rows kernel) would leave all but len / 8 of
 // its 256 threads idle on such rows, and a thread per row makes every load
 // instruction touch 32 rows. Generic over the ops; how a lane's elements
-// move depends on the op (GroupIo). Included by scan.cu alone. No torch
+// move depends on the op (GroupIo). Included by scan_launch.cuh alone. No torch
 // headers.
 #pragma once
 

@@ -8,7 +8,7 @@
 // stream as rows do (a warp each, scan_warp_rows.cuh, where there are
 // enough). Rows the staged kernel takes (scan_staged_rows.cuh: aligned rows
 // on compute capability 9.0 and up, 56 us for bfloat16 [1, 16M] on H100
-// against these segments' 70) do not come here. Included by scan.cu and
+// against these segments' 70) do not come here. Included by scan_launch.cuh and
 // scan_warp_rows.cuh (the carries a rows kernel starts from). No torch
 // headers.
 #pragma once

@@ -2,7 +2,7 @@
 // cumprod's backward (CumprodBackward, scan_ops.h) on float32 and two-byte
 // elements. Same loop and conditions as the staged long rows (rows starting
 // 16 bytes aligned, compute capability 9.0 and up); only the tiles differ.
-// Included by scan.cu. No torch headers.
+// Included by scan_launch.cuh. No torch headers.
 //
 // In the forward's order, dx_f = y_{f-1} R_f with R_f = dy_f + x_{f+1}
 // R_{f+1}. CumprodBackward scans R itself, each element's map reading x one

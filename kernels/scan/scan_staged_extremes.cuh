@@ -2,7 +2,7 @@
 // and cummin forward (ExtremeForward, scan_ops.h) on float32 and two-byte
 // elements. Same loop and conditions as the staged long rows (rows starting
 // 16 bytes aligned, compute capability 9.0 and up); only the tiles differ.
-// Included by scan.cu. No torch headers.
+// Included by scan_launch.cuh. No torch headers.
 //
 // The forward reads one array and writes two, the values and their int64
 // positions: three bytes of every four it moves are written (float32), five

@@ -10,7 +10,7 @@
 // float32 tiles by one bulk copy of that part. A row's last tile in memory,
 // where it is short, is read and written element by element, straight from
 // memory. The tiles add their math: the tiles type's fold, scan and totals
-// (scan_staged_rows.cuh). Included by scan.cu. No torch headers.
+// (scan_staged_rows.cuh). Included by scan_launch.cuh. No torch headers.
 #pragma once
 
 #include <cstdint>

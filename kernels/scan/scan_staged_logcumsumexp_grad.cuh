@@ -5,7 +5,7 @@
 // lines, StagedSwizzledGradTiles (scan_staged_swizzled_grad.cuh). Same loop
 // and conditions as the staged long rows (rows starting 16 bytes aligned,
 // compute capability 9.0 and up); only the tiles differ. Included by
-// scan.cu. No torch headers.
+// scan_launch.cuh. No torch headers.
 //
 // In the backward's scan order, dx_s = exp(x_s - y_s) S_s with
 // S_s = sum over the terms j up to s of dy_j exp(y_s - y_j), a linear

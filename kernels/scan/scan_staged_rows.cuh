@@ -2,7 +2,7 @@
 // one array in and one out and a floating-point state -- cumsum, cumprod,
 // cumsum's backward, and logcumsumexp forward on float32 and two-byte
 // elements -- on rows that start 16 bytes aligned, on GPUs with the bulk
-// copy engine (compute capability 9.0 and up). Included by scan.cu. No
+// copy engine (compute capability 9.0 and up). Included by scan_launch.cuh. No
 // torch headers.
 //
 // A long_rows block issues its loads at its start and none after, so memory
@@ -816,9 +816,9 @@ __device__ StateOf<Op> finish_stride_prefix(const Op& op, EarlyReads<StateOf<Op>
 // The tiles were measured at Tiles::kBlocksPerSm blocks an SM; their shared
 // memory must let that many in, or fewer run, silently (two-byte cumprod
 // gradient tiles once ran two where they meant three: launch_staged_tiles,
-// scan.cu, asserts it). A block holds its stages, `early` shared copies of
-// a prefix read for each thread (with kEarlyShared), the stages' barriers
-// and a few hundred bytes of fold scratch (counted as 1 KiB), and the
+// scan_launch.cuh, asserts it). A block holds its stages, `early` shared
+// copies of a prefix read for each thread (with kEarlyShared), the stages'
+// barriers and a few hundred bytes of fold scratch (counted as 1 KiB), and the
 // driver reserves 1 KiB more; compute capability 9.0 gives an SM 228 KiB.
 constexpr int64_t kStagedSharedBytesPerSm = 228 * 1024;
 constexpr int64_t kStagedSharedBytesAside = 2 * 1024;  // fold scratch, driver's reserve

@@ -1,9 +1,10 @@
 // Swizzled gradient tiles: the tiles base of the staged gradient (as
 // StagedGradTiles, scan_staged_grad_tiles.cuh) for two-byte logcumsumexp
 // backward on rows of whole 128-byte lines with at least a tile for every
-// SM (launch_swizzled_grad, scan.cu), its stages laid out as the tensor copy
-// engine writes them with the 128-byte swizzle (scan_staged_swizzled_runs.cuh
-// says why). Included by scan.cu. No torch headers.
+// SM (launch_swizzled_grad, scan_launch.cuh), its stages laid out as the
+// tensor copy engine writes them with the 128-byte swizzle
+// (scan_staged_swizzled_runs.cuh says why). Included by scan_launch.cuh. No
+// torch headers.
 //
 // A thread's run is half a line of each input, 32 elements, in tiles of
 // 8192: twice StagedGradTiles' 16, so that what a tile costs besides its
@@ -42,7 +43,8 @@ namespace scan {
 constexpr int kSwizzledGradRunLen = 32;
 
 // The arrays of a swizzled gradient launch, each as
-// [rows][len * sizeof(T) / 128][128] bytes (encode_swizzled_rows, scan.cu):
+// [rows][len * sizeof(T) / 128][128] bytes (encode_swizzled_rows,
+// scan_launch.cuh):
 // the two staged inputs in input order, and dx.
 struct SwizzledGradMaps {
   CUtensorMap staged[2];

@@ -2,8 +2,8 @@
 // (scan_staged_rows.cuh) for logcumsumexp forward, its stages laid out as
 // the bulk tensor copy engine writes them with the 128-byte swizzle. Rows
 // whose bytes are a multiple of 16, with at least a tile for every SM, take
-// them (launch_swizzled_runs, scan.cu); the others keep StagedPlainTiles.
-// Included by scan.cu. No torch headers.
+// them (launch_swizzled_runs, scan_launch.cuh); the others keep
+// StagedPlainTiles. Included by scan_launch.cuh. No torch headers.
 //
 // The run layout gives thread t a run of consecutive vectors of its tile.
 // Read from a stage laid out in memory order, the eight threads of a
@@ -216,7 +216,8 @@ struct SwizzledRunFold {
 };
 
 // The arrays of a swizzled launch, x and y, each as
-// [rows][len * sizeof(T) / 128][128] bytes (encode_swizzled_rows, scan.cu).
+// [rows][len * sizeof(T) / 128][128] bytes (encode_swizzled_rows,
+// scan_launch.cuh).
 struct SwizzledRowMaps {
   CUtensorMap src, dst;
 };
@@ -250,11 +251,10 @@ struct SwizzledRowMaps {
 // [1, 16776704], eight lines short of 16M, 79.7 us so and 34.1 now;
 // benchmarks/RESULTS.md).
 //
-// Rows of whole lines take tiles without the part-line's code
-// (kPartLines false; launch_swizzled_runs, scan.cu): carrying it, though
-// they never ran it, float32 forward rows of whole lines took 0.4-1.2 us
-// longer (H200, launcher timer, [1, 16M] 49.0 -> 50.2;
-// benchmarks/RESULTS.md).
+// Rows of whole lines take tiles without the part-line's code (kPartLines
+// false; launch_swizzled_runs, scan_launch.cuh): carrying it, though they
+// never ran it, float32 forward rows of whole lines took 0.4-1.2 us longer
+// (H200, launcher timer, [1, 16M] 49.0 -> 50.2; benchmarks/RESULTS.md).
 template <typename Op, bool kReverse, bool kPartLines>
 struct StagedSwizzledRunTiles {
   using T = typename Op::Storage;

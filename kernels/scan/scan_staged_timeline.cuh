@@ -2,7 +2,7 @@
 // for finding where their time goes. Compiled in only with
 // -DBARACUDA_STAGED_TIMELINE, which the launcher timer takes through its
 // NVCC_FLAGS (benchmarks/scan_launch_timer.sh); the extension never defines
-// it, and then STAGED_STAMP is nothing. Included by scan.cu only.
+// it, and then STAGED_STAMP is nothing. Included by scan_launch.cuh.
 //
 // Thread 0 of each of the first kTimelineBlocks blocks writes %globaltimer
 // (nanoseconds) at mark 0 when the block starts, 1 when its first tile is
@@ -15,10 +15,12 @@
 // last launch: for each mark, the spread over the blocks of its time since
 // the first block's start, and the blocks whose first fold came out last
 // (group closers, on H100: benchmarks/RESULTS.md), with how late the
-// first-round closers got their group totals out. The device arrays live
-// in scan.cu's translation unit, which alone includes this file, so the two
-// host functions are defined here, not inline, for the timer to declare and
-// call.
+// first-round closers got their group totals out.
+//
+// Every part of the CUDA scans (scan_cuda_parts.h) has its own stamp arrays
+// and enters them in one list when the program loads. The timer includes
+// this file and calls the two host functions: they zero every part's arrays,
+// and print the one part whose blocks stamped.
 #pragma once
 
 #ifdef BARACUDA_STAGED_TIMELINE
@@ -36,6 +38,22 @@ namespace scan {
 constexpr int kTimelineBlocks = 1024;
 constexpr int kTimelineRounds = 24;
 constexpr int kTimelineMarks = 2 + 4 * kTimelineRounds;
+
+// Where one part's stamp arrays are on the device.
+struct TimelineArrays {
+  unsigned long long* stamps = nullptr;   // [kTimelineBlocks][kTimelineMarks]
+  unsigned long long* closers = nullptr;  // [kTimelineBlocks]
+};
+using LocateTimeline = TimelineArrays (*)();
+
+// The parts' locators, one list across the program (an inline function's
+// static is one object in every translation unit).
+inline std::vector<LocateTimeline>& timeline_parts() {
+  static std::vector<LocateTimeline> parts;
+  return parts;
+}
+
+namespace {  // one copy for each translation unit that includes this file
 
 __device__ unsigned long long staged_timeline[kTimelineBlocks][kTimelineMarks];
 // When a block that closes a group in its first fold has that fold done,
@@ -58,28 +76,46 @@ __device__ inline void stamp_staged_closer() {
   staged_closer_folded[blockIdx.x] = now;
 }
 
+TimelineArrays locate_timeline() {
+  TimelineArrays a;
+  void* at = nullptr;
+  if (cudaGetSymbolAddress(&at, staged_timeline) == cudaSuccess) {
+    a.stamps = static_cast<unsigned long long*>(at);
+  }
+  if (cudaGetSymbolAddress(&at, staged_closer_folded) == cudaSuccess) {
+    a.closers = static_cast<unsigned long long*>(at);
+  }
+  return a;
+}
+
+const bool timeline_entered = (timeline_parts().push_back(&locate_timeline), true);
+
+}  // namespace
+
 // Zeroes the stamps, in stream order on the default stream: a block that
 // does not reach a mark leaves it 0.
-void clear_staged_timeline() {
-  void* stamps = nullptr;
-  if (cudaGetSymbolAddress(&stamps, staged_timeline) == cudaSuccess) {
-    cudaMemsetAsync(stamps, 0, sizeof(staged_timeline));
-  }
-  if (cudaGetSymbolAddress(&stamps, staged_closer_folded) == cudaSuccess) {
-    cudaMemsetAsync(stamps, 0, sizeof(staged_closer_folded));
+inline void clear_staged_timeline() {
+  for (LocateTimeline locate : timeline_parts()) {
+    const TimelineArrays a = locate();
+    if (a.stamps) {
+      cudaMemsetAsync(a.stamps, 0, sizeof(unsigned long long) * kTimelineBlocks * kTimelineMarks);
+    }
+    if (a.closers) cudaMemsetAsync(a.closers, 0, sizeof(unsigned long long) * kTimelineBlocks);
   }
 }
 
-void print_staged_timeline() {
+// The timeline of one part's arrays; false if none of its blocks stamped.
+inline bool print_timeline_of(const TimelineArrays& arrays) {
   std::vector<unsigned long long> h(size_t{kTimelineBlocks} * kTimelineMarks);
-  if (cudaMemcpyFromSymbol(h.data(), staged_timeline, h.size() * sizeof(h[0])) != cudaSuccess) {
-    std::printf("timeline: not readable\n");
-    return;
+  if (arrays.stamps == nullptr ||
+      cudaMemcpy(h.data(), arrays.stamps, h.size() * sizeof(h[0]), cudaMemcpyDeviceToHost) !=
+          cudaSuccess) {
+    return false;
   }
   auto at = [&](int b, int mark) { return h[size_t(b) * kTimelineMarks + mark]; };
   int blocks = 0;
   while (blocks < kTimelineBlocks && at(blocks, 0) != 0) ++blocks;
-  if (blocks == 0) return;
+  if (blocks == 0) return false;
   unsigned long long t0 = at(0, 0);
   for (int b = 1; b < blocks; ++b) t0 = std::min(t0, at(b, 0));
   auto line = [&](const char* what, int round, int mark) {
@@ -111,8 +147,9 @@ void print_staged_timeline() {
   // out a closer got its group's total out. The second is the time the
   // peers' totals take to reach it.
   std::vector<unsigned long long> folded(kTimelineBlocks);
-  if (cudaMemcpyFromSymbol(folded.data(), staged_closer_folded,
-                           folded.size() * sizeof(folded[0])) == cudaSuccess) {
+  if (arrays.closers != nullptr &&
+      cudaMemcpy(folded.data(), arrays.closers, folded.size() * sizeof(folded[0]),
+                 cudaMemcpyDeviceToHost) == cudaSuccess) {
     std::vector<double> after_own, after_peers;
     for (int b = 31; b < blocks; b += 32) {
       if (folded[b] < t0 || at(b, 1) < folded[b]) continue;
@@ -168,6 +205,14 @@ void print_staged_timeline() {
                 median(parts[0][1]), median(parts[1][2]), median(parts[0][2]),
                 median(parts[1][3]), median(parts[0][3]));
   }
+  return true;
+}
+
+inline void print_staged_timeline() {
+  for (LocateTimeline locate : timeline_parts()) {
+    if (print_timeline_of(locate())) return;
+  }
+  std::printf("timeline: no block stamped\n");
 }
 
 }  // namespace scan

@@ -6,7 +6,7 @@
 // of its strip into its carry and scans its step from there, as the
 // strips' walk would at that step. For shapes with too few strips to fill
 // the GPU with a block each, where column_tiles would chain tiles of 16
-// positions a thread per column. Included by scan.cu alone. No torch
+// positions a thread per column. Included by scan_launch.cuh alone. No torch
 // headers.
 #pragma once
 

@@ -1,9 +1,9 @@
-// The column_strips path of the CUDA scan engine (scan_plan.h): a block
-// walks kStripWidth (or more) adjacent columns of one outer index down the
-// whole axis, in steps. Two loaders: loads staged through shared memory by
-// asynchronous copies (two-byte types and logcumsumexp, aligned inputs);
-// and loads prefetched into registers, for every other case. Included by scan.cu
-// alone. No torch headers.
+// The column_strips path of the CUDA scan engine (scan_plan.h): a block walks
+// kStripWidth (or more) adjacent columns of one outer index down the whole
+// axis, in steps. Two loaders: loads staged through shared memory by
+// asynchronous copies (two-byte types and logcumsumexp, aligned inputs); and
+// loads prefetched into registers, for every other case. Included by
+// scan_launch.cuh alone. No torch headers.
 #pragma once
 
 #include <algorithm>

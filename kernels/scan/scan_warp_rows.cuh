@@ -1,11 +1,11 @@
-// Rows scanned a warp each: a variant of the rows path (scan_plan.h) for
-// rows that move as whole 16-byte runs, when there are rows enough to give
-// every warp the GPU holds one. A warp walks its row in chunks of 32 runs;
-// the lanes' run totals meet in one warp scan after the carry, with no
-// shared memory and no barrier. The block-per-row kernel (scan.cu) joins
-// its eight warps through shared memory at two barriers a chunk, which a
-// costly op (logcumsumexp) waits on with few other warps to run. Included
-// by scan.cu alone. No torch headers.
+// Rows scanned a warp each: a variant of the rows path (scan_plan.h) for rows
+// that move as whole 16-byte runs, when there are rows enough to give every
+// warp the GPU holds one. A warp walks its row in chunks of 32 runs; the
+// lanes' run totals meet in one warp scan after the carry, with no shared
+// memory and no barrier. The block-per-row kernel (scan_launch.cuh) joins its
+// eight warps through shared memory at two barriers a chunk, which a costly op
+// (logcumsumexp) waits on with few other warps to run. Included by
+// scan_launch.cuh alone. No torch headers.
 #pragma once
 
 #include <cub/util_ptx.cuh>

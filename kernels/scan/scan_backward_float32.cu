@@ -1,0 +1,10 @@
+// The CUDA scans' part for backward scans of float32 data (scan_cuda_parts.h).
+#include "scan/scan_launch.cuh"
+
+namespace baracuda {
+namespace scan {
+
+template KernelStatus scan_cuda<float>(const ScanBackwardArgs&, void*);
+
+}  // namespace scan
+}  // namespace baracuda

@@ -1,0 +1,10 @@
+// The CUDA scans' part for forward scans of float32 data (scan_cuda_parts.h).
+#include "scan/scan_launch.cuh"
+
+namespace baracuda {
+namespace scan {
+
+template KernelStatus scan_cuda<float>(const ScanForwardArgs&, void*);
+
+}  // namespace scan
+}  // namespace baracuda

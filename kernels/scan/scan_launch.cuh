@@ -1,0 +1,817 @@
+// CUDA engine of the scan family: the functors of scan_ops.h run over one of
+// five paths (scan_plan.h). Every path combines in a fixed order that does
+// not depend on timing, so results are bit-identical run to run. The only
+// atomics are the tile tickets and ready flags of long_rows and column_tiles:
+// they order the work, never a value.
+//
+// Included only by the parts of the CUDA scans (scan_cuda_parts.h), each of
+// which instantiates scan_cuda for one storage type and direction. The
+// kernels sit in an unnamed namespace, so every part compiles the ones its
+// ops launch and no others.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <type_traits>
+
+#include "common/cuda_launch.cuh"
+#include "common/standing_slots.h"
+#include "common/tensor_map.h"
+#include "common/zeroed_launch.cuh"
+#include "scan/scan_block.cuh"
+#include "scan/scan_cuda_parts.h"
+#include "scan/scan_dispatch.h"
+#include "scan/scan_kernels.h"
+#include "scan/scan_keyed_rows.cuh"
+#include "scan/scan_plan.h"
+#include "scan/scan_publish.cuh"
+#include "scan/scan_row_groups.cuh"
+#include "scan/scan_segments.cuh"
+#include "scan/scan_staged_cumprod_grad.cuh"
+#include "scan/scan_staged_extremes.cuh"
+#include "scan/scan_staged_logcumsumexp_grad.cuh"
+#include "scan/scan_staged_rows.cuh"
+#include "scan/scan_staged_swizzled_grad.cuh"
+#include "scan/scan_staged_swizzled_runs.cuh"
+#include "scan/scan_strip_tiles.cuh"
+#include "scan/scan_strips.cuh"
+#include "scan/scan_warp_rows.cuh"
+
+namespace baracuda {
+namespace {
+
+using namespace scan;
+
+// ---------------------------------------------------------------- rows path
+
+// Blocks per SM a rows block is compiled for. Left free, the 8-byte states
+// (cummax / cummin with int32 positions, cumprod and logcumsumexp backward)
+// take 90-100 registers and run two; asked for four, they fit 64 and wait
+// less on their exchanges (H100, [4096, 8192], three -> four: f32
+// logcumsumexp backward 330 -> 261 us, bf16 cummax backward 185 -> 165,
+// f32 cummax forward 217 -> 219). 4-byte states run five (bf16 cumsum
+// measured 7 % slower with four). Ops on direct runs (bf16 cumsum, cumprod,
+// cumsum backward) need few registers and run eight: bf16 cumsum took
+// 55.9 us with five, 54.1 with six, 52.4 with eight (the misaligned-row path
+// then spills 28 bytes). logcumsumexp forward, bound by its arithmetic, stays
+// at five (eight: 151.6 -> 159.6 us). 16-byte states (float64, int64
+// positions) run three.
+//
+// cumprod backward (8-byte states, three inputs) runs three: [4096, 8192]
+// float32 took 183 us with three and 198 with four (which spills); bfloat16,
+// moving whole runs with their neighbours, 97 with three and 111 with four
+// (a 108-byte spill).
+template <typename Op>
+constexpr int kRowsBlocksPerSm =
+    ReadsNeighbors<Op>::value                                      ? 3
+    : kMayGoDirect<Op> && !HasRunScan<Op>::value                   ? 8
+    : sizeof(StateOf<Op>) <= 4                                     ? 5
+    : sizeof(StateOf<Op>) <= 8                                     ? 4
+                                                                   : 3;
+
+template <typename Op>
+__global__ void __launch_bounds__(kScanBlock, kRowsBlocksPerSm<Op>)
+    rows_kernel(Op op, int64_t outer, int64_t len, bool reverse, RowCarries<TotalOf<Op>> carries) {
+  using State = StateOf<Op>;
+  using Total = TotalOf<Op>;
+  const TotalsOf<Op> totals = totals_of(op);
+  __shared__ RowShared<Op> shared;
+  for (int64_t row = blockIdx.x; row < outer; row += gridDim.x) {
+    const Line line{row * len, 1, len, reverse};
+    // `carry` (the same in every thread) chains the chunks of the row.
+    Total carry = row_start<Op>(carries, row, totals.identity());
+    if constexpr (kMayGoDirect<Op>) {
+      if (whole_runs_fit<kScanItems>(op, line)) {
+        // Direct runs hold a thread's 16 bytes in 8 registers: the next
+        // chunk's are loaded before this one is scanned, so twice as many
+        // bytes are in flight.
+        const int64_t lead = int64_t{threadIdx.x} * kScanItems;
+        State cur[kScanItems], next[kScanItems];
+        load_direct(op, line, lead, cur);
+        for (int64_t chunk = 0; chunk < len; chunk += kRowChunk) {
+          const bool more = chunk + kRowChunk < len;
+          if (more) load_direct(op, line, chunk + kRowChunk + lead, next);
+          scan_blocked(op, cur, shared, carry);
+          store_direct(op, line, chunk + lead, cur);
+          if (more) {
+#pragma unroll
+            for (int k = 0; k < kScanItems; ++k) cur[k] = next[k];
+          }
+        }
+        continue;
+      }
+    }
+    if constexpr (kMayLoadDirect<Op>) {
+      if (chunks_go_direct(op, line)) {
+        // A whole run is 16 bytes per input array, 4 registers each: the
+        // next chunk's are fetched before this one is scanned. H100, bfloat16
+        // along dim -1 of [4096, 8192]: cummax 197 us striped, 172 loaded
+        // whole, 151 with the fetch ahead; logcumsumexp backward 193 us
+        // striped, 112 moved whole with the fetch ahead; cumprod backward
+        // 186 striped, 97 moved whole with its neighbours.
+        const int64_t lead = int64_t{threadIdx.x} * kScanItems;
+        WholeRun<Op> next = fetch_whole_run<kScanItems>(op, line, lead);
+        for (int64_t chunk = 0; chunk < len; chunk += kRowChunk) {
+          const WholeRun<Op> cur = next;
+          if (chunk + kRowChunk < len) {
+            next = fetch_whole_run<kScanItems>(op, line, chunk + kRowChunk + lead);
+          }
+          ChunkRegs<Op> r;
+          unpack_whole_run(op, line, chunk + lead, cur, r.blocked, r.aux);
+          scan_blocked(op, r.blocked, shared, carry);
+          store_chunk(op, line, chunk, true, r, shared);
+        }
+        continue;
+      }
+    }
+    for (int64_t chunk = 0; chunk < len; chunk += kRowChunk) {
+      scan_chunk(op, line, chunk, shared, carry);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- long_rows path
+// One pass (scan_plan.h): tile `tile` of row `row` covers scan positions
+// [tile * len_t, (tile + 1) * len_t), len_t = kLongChunks<Op> chunks, held
+// in registers and all loaded before any is scanned. One block scan, of the
+// chunks' thread totals side by side, gives the tile's total; the tile's
+// prefix is assembled from totals published by tiles with smaller tickets
+// (tile_prefix), and then the chunks are scanned and stored.
+
+// cummax / cummin forward on whole two-byte runs with int32 positions: held
+// to 64 registers, for four long_rows blocks per SM (kLongRowsBlocksPerSm).
+template <typename Op>
+constexpr bool kLeanLongRows =
+    ReadsOneArray<Op>::value && kMayLoadDirect<Op> && sizeof(StateOf<Op>) <= 8;
+
+// Chunks per tile. A block's loads go out at its start and nothing more
+// until it ends, so the bytes a tile holds are what keeps memory busy.
+// Measured on H100, [1, 16M] float32 cumsum: 85 us with one chunk, 77 with
+// two, 68 with three; four took 80 registers and bf16 ran slower (52 ->
+// 67 us). 8-byte states (launcher timer, [1, 16M], one -> two -> three
+// chunks):
+// - cumprod backward takes three: float32 155 -> 148 -> 132 us, bfloat16
+//   114 -> 114 -> 98;
+// - the others two: float32 cummax forward 165 -> 152 -> 157 us and
+//   backward 144 -> 136 -> 142, bfloat16 logcumsumexp backward 137 -> 121
+//   -> 136 (12 bytes of spill at two) and cummax backward 138 -> 130 ->
+//   144; the lean extremes above, two at four blocks per SM rather than one
+//   at five (137 -> 125 us; two at five spilled 236 bytes);
+// - but a run scan loaded through the exchange keeps one (float32
+//   logcumsumexp backward, 194 -> 225 us with two).
+// Wider states and float64 (not measured) keep one.
+template <typename Op>
+constexpr int kLongChunks =
+    sizeof(StateOf<Op>) <= 4                                       ? 3
+    : sizeof(StateOf<Op>) > 8 || sizeof(typename Op::Storage) == 8 ? 1
+    : ReadsNeighbors<Op>::value                                    ? 3
+    : HasRunScan<Op>::value && !kMayLoadDirect<Op>                 ? 1
+                                                                   : 2;
+template <typename Op>
+constexpr int64_t kLongTileLen = kLongChunks<Op> * kRowChunk;
+
+// The states of a tile's chunks side by side, scanned component-wise.
+template <typename State, int kChunks>
+struct ChunkStates {
+  State chunk[kChunks];
+};
+
+template <typename Op>
+using ChunkStatesOf = ChunkStates<TotalOf<Op>, kLongChunks<Op>>;
+
+template <typename Op>
+struct ChunkwiseCombine {
+  using State = ChunkStatesOf<Op>;
+  TotalsOf<Op> totals;
+  __device__ State identity() const {
+    State r;
+#pragma unroll
+    for (int c = 0; c < kLongChunks<Op>; ++c) r.chunk[c] = totals.identity();
+    return r;
+  }
+  __device__ State combine(const State& a, const State& b) const {
+    State r;
+#pragma unroll
+    for (int c = 0; c < kLongChunks<Op>; ++c) r.chunk[c] = totals.combine(a.chunk[c], b.chunk[c]);
+    return r;
+  }
+};
+
+template <typename Op>
+using TileScanOf = BlockTotalsScan<ChunkwiseCombine<Op>>;
+
+template <typename Op>
+union LongRowsShared {
+  RowShared<Op> rows;
+  typename TileScanOf<Op>::TempStorage tile_scan;
+};
+
+// Blocks per SM a long_rows block is compiled for: three for logcumsumexp
+// forward, which left free took 100 registers and ran two, and for two-byte
+// logcumsumexp backward (left free, it took 98 registers once the prefix
+// folds went by reference, and ran two blocks: 119 -> 140 us on bfloat16
+// [1, 16M]); four for the lean extremes (kLeanLongRows; with tiles of one
+// chunk they ran five, 149 -> 138 us on bfloat16 [1, 16M], H100, against
+// four left free at 54 registers); the others are left free (0). Asked
+// for even one block, the compiler takes more registers: float32 cumsum 69
+// rather than 64, three blocks rather than four, 6 % slower on [1, 16M].
+template <typename Op>
+constexpr int kLongRowsBlocksPerSm =
+    HasRunScan<Op>::value && (sizeof(StateOf<Op>) <= 4 || sizeof(typename Op::Storage) == 2) ? 3
+    : kLeanLongRows<Op>                                                                        ? 4
+                                                                                               : 0;
+
+template <typename Op>
+__global__ void __launch_bounds__(kScanBlock, kLongRowsBlocksPerSm<Op>)
+    long_rows_kernel(Op op, int64_t len, bool reverse, int64_t tiles, int64_t groups,
+                     LongRowsSlots<TotalOf<Op>> ws) {
+  using Total = TotalOf<Op>;
+  constexpr int kChunks = kLongChunks<Op>;
+  const TotalsOf<Op> totals = totals_of(op);
+  __shared__ LongRowsShared<Op> shared;
+  grid_dependency_wait();  // for the zeroed workspace (launch_behind_zeroing)
+  const int64_t ticket = take_ticket(ws.counter);
+  const int64_t row = ticket / tiles;
+  const int64_t tile = ticket - row * tiles;
+  const int64_t first = tile * kLongTileLen<Op>;
+  const Line line{row * len, 1, len, reverse};
+  const bool direct = chunks_go_direct(op, line);
+  ChunkRegs<Op> r[kChunks];
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) load_chunk(op, line, first + c * kRowChunk, direct, r[c]);
+
+  ChunkStatesOf<Op> mine, before, chunk_totals;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    arrange_chunk(direct, r[c], shared.rows);
+    // Positions past the end hold the identity, so they may be folded in.
+    mine.chunk[c] = fold_run(op, r[c].blocked, r[c].memo);
+  }
+  const ChunkwiseCombine<Op> chunkwise{totals};
+  TileScanOf<Op>::exclusive(shared.tile_scan, chunkwise, mine, before, chunk_totals);
+  Total tile_total = chunk_totals.chunk[0];
+#pragma unroll
+  for (int c = 1; c < kChunks; ++c) tile_total = totals.combine(tile_total, chunk_totals.chunk[c]);
+  // Its barrier also frees the block scan's shared memory for the stores.
+#ifdef BARACUDA_LONG_ROWS_NO_PREFIX
+  // Measurement only (results wrong): every tile scanned from the identity.
+  __syncthreads();
+  Total run = totals.identity();
+  (void)tile_total;
+#else
+  Total run = tile_prefix(totals, tile_total, ws.tile_totals + row * tiles,
+                          ws.group_totals + row * groups, tile, groups);
+#endif
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    scan_thread_run(op, totals.combine(run, before.chunk[c]), r[c].blocked, r[c].memo);
+    run = totals.combine(run, chunk_totals.chunk[c]);
+    store_chunk(op, line, first + c * kRowChunk, direct, r[c], shared.rows);
+  }
+}
+
+template <typename Op>
+KernelStatus launch_long_rows(const Op& op, const ScanShape& s, bool reverse, void* workspace,
+                              cudaStream_t stream) {
+  const int64_t tiles = ceil_div(s.len, kLongTileLen<Op>);
+  const int64_t groups = ceil_div(tiles, kGroupTiles);
+  const LongRowsSlots<TotalOf<Op>> slots =
+      long_rows_slots<TotalOf<Op>>(workspace, s.outer, tiles, groups);
+  const unsigned grid = static_cast<unsigned>(s.outer * tiles);
+  return launch_behind_zeroing(workspace, slots.bytes, long_rows_kernel<Op>, dim3(grid),
+                               dim3(kScanBlock), 0, stream, op, s.len, reverse, tiles, groups,
+                               slots);
+}
+
+// The staged tiles an op takes (scan_staged_rows.cuh): one array whole
+// (kStagedRowsApply), values and positions (kStagedExtremesApply), cumprod's
+// gradient (kStagedCumprodGradApply), logcumsumexp's
+// (kStagedLogcumsumexpGradApply), or none.
+template <typename Op, bool kReverse>
+using StagedTilesOf = std::conditional_t<
+    kStagedRowsApply<Op>, StagedPlainTiles<Op, kReverse>,
+    std::conditional_t<
+        kStagedExtremesApply<Op>, StagedExtremeTiles<Op, kReverse>,
+        std::conditional_t<
+            kStagedCumprodGradApply<Op>, StagedCumprodGradTiles<Op, kReverse>,
+            std::conditional_t<kStagedLogcumsumexpGradApply<Op>,
+                               StagedLogcumsumexpGradTiles<Op, kReverse>, void>>>>;
+
+// One staged launch over `rows` rows of tiles_of's tiles. Their tiles are at
+// least long_rows' shortest, so the long_rows workspace holds their slots.
+template <typename Tiles>
+KernelStatus launch_staged_tiles(const Tiles& tiles_of, int64_t rows, void* workspace,
+                                 cudaStream_t stream,
+                                 const TensorMapsOf<Tiles>& maps = TensorMapsOf<Tiles>{}) {
+  using Total = typename Tiles::Total;
+  constexpr int kSharedBytes = staged_dynamic_shared_bytes<Tiles>();
+  constexpr int64_t kBlockBytes = staged_block_shared_bytes<Tiles>(staged_early_reads<Tiles>());
+  static_assert(Tiles::kBlocksPerSm * kBlockBytes <= kStagedSharedBytesPerSm,
+                "the tiles' shared memory does not let kBlocksPerSm blocks onto an SM");
+  const auto kernel = staged_rows_kernel<Tiles>;
+  int64_t groups = ceil_div(tiles_of.tiles, kGroupTiles);
+  LongRowsSlots<Total> slots = long_rows_slots<Total>(workspace, rows, tiles_of.tiles, groups);
+  // The stages and the block's own shared memory pass the 48 KiB a block
+  // gets unasked; the blocks an SM holds (Tiles::kBlocksPerSm) need most of
+  // its shared memory.
+  KernelStatus st = to_status(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
+  if (st.is_ok()) {
+    st = to_status(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                        cudaSharedmemCarveoutMaxShared));
+  }
+  if (!st.is_ok()) return st;
+  const int64_t resident = resident_capacity(kernel, kScanBlock, kSharedBytes);
+  // The stream's standing slots where it has them; else the workspace,
+  // zeroed by a memset rather than launch_behind_zeroing: a cooperative
+  // launch does not start early behind a kernel (H100, [1, 16M] float32:
+  // 58.1 us with either), and a plain one that did (56.0 us) could not
+  // promise that every block is resident, which the tiles striped by
+  // block index need (benchmarks/RESULTS.md).
+  StandingLease lease;  // held until the launch is queued
+  uint64_t mark = kZeroedSlotsMark;
+  if (lease_standing_slots(stream, slots.bytes, lease)) {
+    slots = long_rows_slots<Total>(lease.slots, rows, tiles_of.tiles, groups);
+    mark = lease.mark;
+  } else {
+    st = to_status(cudaMemsetAsync(workspace, 0, static_cast<size_t>(slots.bytes), stream));
+    if (!st.is_ok()) return st;
+  }
+  const unsigned grid = static_cast<unsigned>(std::min(rows * tiles_of.tiles, resident));
+  Tiles args_tiles = tiles_of;
+  TensorMapsOf<Tiles> args_maps = maps;
+  void* args[] = {&args_tiles, &rows, &groups, &slots, &mark, &args_maps};
+  // Cooperative: a tile may wait for a tile of any block, so every block
+  // must be resident at once.
+  return to_status(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), dim3(grid),
+                                               dim3(kScanBlock), args, kSharedBytes, stream));
+}
+
+// [rows][len] elements of T as [rows][lines][128] bytes for the tensor copy
+// engine, a box being `box_lines` lines of one row, with the 128-byte
+// swizzle: each row's whole lines from `base` on (the first row's start, or
+// a multiple of 16 bytes into it), a part-line after them left out. Needs
+// `base` and the rows' bytes multiples of 16, and a whole line a row.
+template <typename T>
+bool encode_swizzled_rows(CUtensorMap* map, const void* base, int64_t len, int64_t rows,
+                          int box_lines) {
+  const auto encode = tensor_map_encoder();
+  if (encode == nullptr) return false;
+  const int64_t row_bytes = len * int64_t{sizeof(T)};
+  const cuuint64_t sizes[3] = {static_cast<cuuint64_t>(kSwizzleLineBytes),
+                               static_cast<cuuint64_t>(row_bytes / kSwizzleLineBytes),
+                               static_cast<cuuint64_t>(rows)};
+  const cuuint64_t byte_strides[2] = {static_cast<cuuint64_t>(kSwizzleLineBytes),
+                                      static_cast<cuuint64_t>(row_bytes)};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(kSwizzleLineBytes),
+                             static_cast<cuuint32_t>(box_lines), 1};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUresult r =
+      encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<void*>(base), sizes,
+             byte_strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS;
+}
+
+// Shared memory the current device lets one block have (opted in).
+inline int64_t block_shared_limit() {
+  return remembered(current_device(), [] {
+    int bytes = 0;
+    cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, current_device());
+    return int64_t{bytes};
+  });
+}
+
+// Swizzled tiles (Forward and Backward: the two scan directions) where the
+// rows are whole 128-byte lines (or, where the tiles take part-lines,
+// multiples of 16 bytes, a line at least), the driver describes them (encode_maps:
+// fills the tiles' Maps, false where it cannot), there are tiles for at
+// least one block an SM, and the device lets a block hold its stages
+// (about 100 KiB: compute capability 9.0 parts give a block 227, some
+// others about 100); false, launching nothing, elsewhere. The caller has
+// checked the rest of the staged rows' conditions. Fewer, larger tiles
+// leave SMs idle: H100, launcher timer, logcumsumexp forward, bfloat16
+// [1, 1M] (64 tiles) took 12.2 us against 10.8 on the unswizzled tiles,
+// [1, 4M] (256) 18.0 against 20.4.
+template <typename Forward, typename Backward, typename Op, typename EncodeMaps>
+bool launch_swizzled_tiles(const Op& op, const ScanShape& s, bool reverse, bool part_lines,
+                           void* workspace, cudaStream_t stream, KernelStatus& st,
+                           EncodeMaps&& encode_maps) {
+  using T = typename Op::Storage;
+  const int64_t row_bytes = s.len * int64_t{sizeof(T)};
+  if (part_lines ? row_bytes % 16 != 0 || row_bytes < kSwizzleLineBytes
+                 : row_bytes % kSwizzleLineBytes != 0) {
+    return false;
+  }
+  const int64_t tiles = ceil_div(s.len, Forward::kTileLen);
+  if (s.outer * tiles < multiprocessors()) return false;
+  if (block_shared_limit() < staged_block_shared_bytes<Forward>(staged_early_reads<Forward>())) {
+    return false;
+  }
+  typename Forward::Maps maps;
+  if (!encode_maps(maps)) return false;
+  st = reverse ? launch_staged_tiles(Backward{op, s.len, tiles}, s.outer, workspace, stream, maps)
+               : launch_staged_tiles(Forward{op, s.len, tiles}, s.outer, workspace, stream, maps);
+  return true;
+}
+
+// The run layout's staged tiles (logcumsumexp forward) on swizzled stages,
+// StagedSwizzledRunTiles, where launch_swizzled_tiles lets them; rows of
+// whole lines take the tiles compiled without the part-line's code. A
+// reversed scan's maps start past the row's first part-line (where its
+// bytes are not whole lines), so that part-line is the last in scan order.
+template <typename Op, bool kPartLines>
+bool launch_swizzled_runs_of(const Op& op, const ScanShape& s, bool reverse, void* workspace,
+                             cudaStream_t stream, KernelStatus& st) {
+  using T = typename Op::Storage;
+  using Forward = StagedSwizzledRunTiles<Op, false, kPartLines>;
+  const int64_t skip = kPartLines && reverse ? s.len % Forward::kLineElems : 0;
+  return launch_swizzled_tiles<Forward, StagedSwizzledRunTiles<Op, true, kPartLines>>(
+      op, s, reverse, kPartLines, workspace, stream, st, [&](SwizzledRowMaps& maps) {
+        return encode_swizzled_rows<T>(&maps.src, op.src + skip, s.len, s.outer,
+                                       Forward::kLines) &&
+               encode_swizzled_rows<T>(&maps.dst, op.dst + skip, s.len, s.outer,
+                                       Forward::kLines);
+      });
+}
+template <typename Op>
+bool launch_swizzled_runs(const Op& op, const ScanShape& s, bool reverse, void* workspace,
+                          cudaStream_t stream, KernelStatus& st) {
+  using T = typename Op::Storage;
+  return s.len * int64_t{sizeof(T)} % kSwizzleLineBytes == 0
+             ? launch_swizzled_runs_of<Op, false>(op, s, reverse, workspace, stream, st)
+             : launch_swizzled_runs_of<Op, true>(op, s, reverse, workspace, stream, st);
+}
+
+// Two-byte logcumsumexp backward on swizzled stages
+// (StagedSwizzledGradTiles under StagedLogcumsumexpGradTiles), where
+// launch_swizzled_tiles lets them.
+template <typename Op>
+bool launch_swizzled_grad(const Op& op, const ScanShape& s, bool reverse, void* workspace,
+                          cudaStream_t stream, KernelStatus& st) {
+  using T = typename Op::Storage;
+  using Forward =
+      StagedLogcumsumexpGradTiles<Op, false, StagedSwizzledGradTiles<Op, false, 1>>;
+  using Backward = StagedLogcumsumexpGradTiles<Op, true, StagedSwizzledGradTiles<Op, true, 1>>;
+  return launch_swizzled_tiles<Forward, Backward>(
+      op, s, reverse, false, workspace, stream, st, [&](SwizzledGradMaps& maps) {
+        // The staged inputs, dy and y, in input order; x is read by the scan.
+        return encode_swizzled_rows<T>(&maps.staged[0], op.dy, s.len, s.outer, Forward::kLines) &&
+               encode_swizzled_rows<T>(&maps.staged[1], op.y, s.len, s.outer, Forward::kLines) &&
+               encode_swizzled_rows<T>(&maps.dx, op.dx, s.len, s.outer, Forward::kLines);
+      });
+}
+
+// Launches the staged long rows where they apply: the op (StagedTilesOf),
+// every array and every row starting 16 bytes aligned, the kernel compiled
+// for compute capability 9.0 or more (the bulk copy engine), and so running
+// on such a device. Returns false, launching nothing, where they do not.
+template <typename Op>
+bool launch_staged_rows(const Op& op, const ScanShape& s, bool reverse, void* workspace,
+                        cudaStream_t stream, KernelStatus& st) {
+  if constexpr (!std::is_void<StagedTilesOf<Op, false>>::value) {
+    using T = typename Op::Storage;
+    using Forward = StagedTilesOf<Op, false>;
+    using Backward = StagedTilesOf<Op, true>;
+    // Compiled for an older target (and run from its PTX), the kernel's
+    // body is compiled out.
+    const bool compiled = reverse ? kernel_compiled_for_sm90(staged_rows_kernel<Backward>)
+                                  : kernel_compiled_for_sm90(staged_rows_kernel<Forward>);
+    if (!arrays_aligned16<true>(op, 0) ||
+        (s.outer > 1 && s.len * int64_t{sizeof(T)} % 16 != 0) || !compiled) {
+      return false;
+    }
+    if constexpr (kStagedRowsApply<Op> && kStagedRuns<Op>) {
+      if (launch_swizzled_runs(op, s, reverse, workspace, stream, st)) return true;
+    }
+    if constexpr (kStagedLogcumsumexpGradApply<Op> && sizeof(T) == 2) {
+      if (launch_swizzled_grad(op, s, reverse, workspace, stream, st)) return true;
+    }
+    const int64_t tiles = ceil_div(s.len, Forward::kTileLen);
+    st = reverse ? launch_staged_tiles(Backward{op, s.len, tiles}, s.outer, workspace, stream)
+                 : launch_staged_tiles(Forward{op, s.len, tiles}, s.outer, workspace, stream);
+    return true;
+  }
+  return false;
+}
+
+// Rows of [outer, len], each started from its carry: a warp each where
+// that applies (launch_warp_rows), a block each otherwise.
+template <typename Op>
+KernelStatus launch_rows(const Op& op, const ScanShape& s, bool reverse,
+                         const RowCarries<TotalOf<Op>>& carries, cudaStream_t stream) {
+  KernelStatus st = KernelStatus::ok();
+  if (launch_warp_rows(op, s, reverse, carries, stream, st)) return st;
+  const unsigned grid = static_cast<unsigned>(std::min(s.outer, kMaxBlocks));
+  rows_kernel<<<grid, kScanBlock, 0, stream>>>(op, s.outer, s.len, reverse, carries);
+  return launch_status();
+}
+
+// Launches the segmented long rows (scan_segments.cuh) where they apply:
+// the op (kSegmentedRowsApply), rows a whole number of segments long, and
+// kMinSegments of them or more. Their slots take the front of the long_rows
+// workspace (sized for a flagged 32-byte slot per 2048 elements; a segment
+// is 4096 with a slot of at most 16). Returns false, launching nothing,
+// where they do not.
+template <typename Op>
+bool launch_segmented_rows(const Op& op, const ScanShape& s, bool reverse, void* workspace,
+                           int64_t workspace_bytes, cudaStream_t stream, KernelStatus& st) {
+  if constexpr (kSegmentedRowsApply<Op>) {
+    using Total = TotalOf<Op>;
+    const int64_t segments = s.len / kSegmentLen;
+    const int64_t view_rows = s.outer * segments;
+    if (s.len % kSegmentLen != 0 || view_rows < kMinSegments ||
+        view_rows * int64_t{sizeof(Total)} > workspace_bytes) {
+      return false;
+    }
+    Total* slots = static_cast<Total*>(workspace);
+    const SegmentLayout layout{segments, reverse};
+    const unsigned grid = static_cast<unsigned>(std::min(view_rows, kMaxBlocks));
+    segment_totals_kernel<<<grid, kScanBlock, 0, stream>>>(op, view_rows, layout, slots);
+    st = launch_status();
+    if (!st.is_ok()) return true;
+    segment_carries_kernel<<<static_cast<unsigned>(s.outer), kScanBlock, 0, stream>>>(
+        op, segments, slots);
+    st = launch_status();
+    if (!st.is_ok()) return true;
+    st = launch_rows(op, ScanShape{view_rows, kSegmentLen, 1}, reverse,
+                     RowCarries<Total>{slots, layout}, stream);
+    return true;
+  } else {
+    (void)op, (void)s, (void)reverse, (void)workspace, (void)workspace_bytes, (void)stream,
+        (void)st;
+    return false;
+  }
+}
+
+// ---------------------------------------------------------------- columns path
+// Thread c owns column c = o * inner + i (consecutive threads, consecutive
+// addresses) and walks segment blockIdx.y of its axis. Workspace: one state
+// per (segment, column), segment-major.
+
+struct ColumnSpan {
+  int64_t base;     // offset of (o, 0, i)
+  int64_t p_begin;  // scan positions of this thread's segment
+  int64_t p_end;
+};
+
+__device__ inline bool column_span(const ScanShape& s, int64_t seg_len, ColumnSpan& span,
+                                   int64_t& column) {
+  column = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (column >= s.outer * s.inner) return false;
+  const int64_t o = column / s.inner;
+  const int64_t i = column - o * s.inner;
+  span.base = o * s.len * s.inner + i;
+  span.p_begin = int64_t(blockIdx.y) * seg_len;
+  span.p_end = span.p_begin + seg_len < s.len ? span.p_begin + seg_len : s.len;
+  return true;
+}
+
+// Walks one thread's segment in batches of kColumnBatch<Op>: every load of
+// a batch is issued before its first store, so each thread keeps several
+// loads in flight (the compiler cannot move loads past stores that may
+// alias). Four-byte states take batches of 16 (a float32 cumsum of
+// [4096, 96] along dim 0: 23 -> 17 us against 8); larger states keep 8, as
+// batches of 16 or 32 were no faster for them but for logcumsumexp forward
+// (5 % at 32) and held more registers.
+template <typename Op>
+constexpr int kColumnBatch = sizeof(StateOf<Op>) <= 4 ? 16 : 8;
+
+template <bool kStore, typename Op>
+__device__ StateOf<Op> walk_column(const Op& op, const ScanShape& s, bool reverse,
+                                   const ColumnSpan& span, StateOf<Op> carry) {
+  const Line line{span.base, s.inner, s.len, reverse};
+  for (int64_t p0 = span.p_begin; p0 < span.p_end; p0 += kColumnBatch<Op>) {
+    StateOf<Op> items[kColumnBatch<Op>];
+    const StateOf<Op> total = load_run(op, line, p0, span.p_end, items);
+    carry = kStore ? store_run(op, line, p0, span.p_end, carry, items) : op.combine(carry, total);
+  }
+  return carry;
+}
+
+template <typename Op>
+__global__ void __launch_bounds__(kColumnBlock)
+    column_total_kernel(Op op, ScanShape s, bool reverse, int64_t seg_len, StateOf<Op>* ws) {
+  ColumnSpan span;
+  int64_t column;
+  if (!column_span(s, seg_len, span, column)) return;
+  ws[int64_t(blockIdx.y) * s.outer * s.inner + column] =
+      walk_column<false>(op, s, reverse, span, op.identity());
+}
+
+template <typename Op>
+__global__ void __launch_bounds__(kColumnBlock)
+    column_prefix_kernel(Op op, int64_t columns, int64_t segments, StateOf<Op>* ws) {
+  const int64_t column = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (column >= columns) return;
+  // A batch of totals is loaded before any of it is overwritten, so a
+  // column's walk over its segments costs segments / kPrefixBatch round
+  // trips to memory, not one a segment.
+  constexpr int kPrefixBatch = 16;
+  StateOf<Op> run = op.identity();
+  for (int64_t seg0 = 0; seg0 < segments; seg0 += kPrefixBatch) {
+    StateOf<Op> totals[kPrefixBatch];
+#pragma unroll
+    for (int k = 0; k < kPrefixBatch; ++k) {
+      if (seg0 + k < segments) totals[k] = ws[(seg0 + k) * columns + column];
+    }
+#pragma unroll
+    for (int k = 0; k < kPrefixBatch; ++k) {
+      if (seg0 + k < segments) {
+        ws[(seg0 + k) * columns + column] = run;
+        run = op.combine(run, totals[k]);
+      }
+    }
+  }
+}
+
+template <typename Op>
+__global__ void __launch_bounds__(kColumnBlock)
+    column_scan_kernel(Op op, ScanShape s, bool reverse, int64_t seg_len, const StateOf<Op>* ws) {
+  ColumnSpan span;
+  int64_t column;
+  if (!column_span(s, seg_len, span, column)) return;
+  const StateOf<Op> carry =
+      ws ? ws[int64_t(blockIdx.y) * s.outer * s.inner + column] : op.identity();
+  walk_column<true>(op, s, reverse, span, carry);
+}
+
+// ---------------------------------------------------------------- column_tiles path
+// Tile (t, b): axis positions [t * kColumnTileRows, (t + 1) * kColumnTileRows)
+// of columns [b * kColumnBlock, (b + 1) * kColumnBlock); ticket t * blocks + b,
+// so a tile waits only for smaller tickets. Totals are per column (slot
+// t * columns + c), flags per tile (t * blocks + b). A tile's prefix, per
+// column, is the in-order fold of the earlier groups' totals and of the
+// earlier tiles of its group: the association depends on t only.
+//
+// kPrefixBatch: how many of those totals a thread reads at a time. With
+// few columns (kFewTileColumns) every tile is resident at once and a tile
+// waits mostly on its prefix: eight at a time (H100, float32 [4096, 96]
+// along dim 0, one at a time -> eight: cummax backward 34.7 -> 26.1 us,
+// logcumsumexp backward 46.1 -> 36.6). With more, the tiles outnumber
+// the resident blocks, and the registers the batch holds beside the
+// tile's own elements cost more than the round trips they save (float32
+// [16, 2048, 64] along dim 1: logcumsumexp backward 55.1 -> 64.1 us,
+// cumprod backward 51.5 -> 54.5): one at a time.
+constexpr int64_t kFewTileColumns = 1024;
+
+template <typename Op, int kPrefixBatch>
+__global__ void __launch_bounds__(kColumnBlock)
+    column_tiles_kernel(Op op, ScanShape s, bool reverse, int64_t tiles, int64_t groups,
+                        int64_t blocks, TileSlots<StateOf<Op>> ws) {
+  using State = StateOf<Op>;
+  static_assert(kMaxColumnGroups + kGroupTiles <= kColumnBlock, "one waiting thread per flag");
+  grid_dependency_wait();  // for the zeroed workspace (launch_behind_zeroing)
+  const int64_t ticket = take_ticket(ws.counter);
+  const int64_t tile = ticket / blocks;
+  const int64_t block = ticket - tile * blocks;
+  const int64_t columns = s.outer * s.inner;
+  const int64_t column = block * kColumnBlock + threadIdx.x;
+  const bool active = column < columns;
+  const int64_t o = active ? column / s.inner : 0;
+  const Line line{o * s.len * s.inner + (column - o * s.inner), s.inner, s.len, reverse};
+  const int64_t p_begin = tile * kColumnTileRows;
+  const int64_t p_end = p_begin + kColumnTileRows < s.len ? p_begin + kColumnTileRows : s.len;
+
+  State items[kColumnTileRows];
+  State total = op.identity();
+  if (active) total = load_run(op, line, p_begin, p_end, items);
+  publish_block(ws.tile_totals + tile * columns + column, active, total,
+                ws.tile_flags + tile * blocks + block);
+
+  const int64_t group = tile / kGroupTiles;
+  const int64_t group_first = group * kGroupTiles;
+  // The last tile of a group that later tiles depend on publishes its totals.
+  if (tile - group_first == kGroupTiles - 1 && group + 1 < groups) {
+    wait_all(ws.tile_flags + group_first * blocks + block, blocks, kGroupTiles, 0);
+    __syncthreads();
+    State g = op.identity();
+    if (active) {
+      g = fold_volatile<kPrefixBatch>(op, g, ws.tile_totals + group_first * columns + column,
+                                      columns, kGroupTiles);
+    }
+    publish_block(ws.group_totals + group * columns + column, active, g,
+                  ws.group_flags + group * blocks + block);
+  }
+
+  wait_all(ws.group_flags + block, blocks, group, 0);
+  wait_all(ws.tile_flags + group_first * blocks + block, blocks, tile - group_first,
+           kMaxColumnGroups);
+  __syncthreads();
+  if (!active) return;
+  State prefix =
+      fold_volatile<kPrefixBatch>(op, op.identity(), ws.group_totals + column, columns, group);
+  prefix = fold_volatile<kPrefixBatch>(op, prefix, ws.tile_totals + group_first * columns + column,
+                                       columns, tile - group_first);
+  store_run(op, line, p_begin, p_end, prefix, items);
+}
+
+// ---------------------------------------------------------------- launch
+
+// Whether an op's states carry 64-bit positions: only for axes longer than
+// INT32_MAX (scan_dispatch.h), which neither row_groups (rows of at most
+// kRowGroupMaxLen) nor column_tiles (at most kMaxColumnGroups groups of
+// kGroupTiles tiles) nor strip_tiles (at most kMaxStripTiles short tiles)
+// ever takes, so those paths are not compiled for them.
+template <typename State>
+struct WidePositions : std::false_type {};
+template <typename Acc>
+struct WidePositions<ValueIndex<Acc, int64_t>> : std::true_type {};
+template <typename Acc>
+struct WidePositions<KeyedSum<Acc, int64_t>> : std::true_type {};
+
+template <typename Op>
+KernelStatus launch(const Op& op, const ScanShape& s, bool reverse, void* workspace,
+                    cudaStream_t stream) {
+  using State = StateOf<Op>;
+  static_assert(sizeof(State) <= kWorkspaceSlotBytes, "scan state larger than a workspace slot");
+  const ScanPlan plan = plan_scan(s);
+  State* ws = static_cast<State*>(workspace);
+  if (plan.workspace_bytes > 0 && ws == nullptr) {
+    return KernelStatus::invalid("scan: this shape needs a workspace");
+  }
+  switch (plan.path) {
+    case ScanPath::kEmpty: return KernelStatus::ok();
+    case ScanPath::kRowGroups: {
+      if constexpr (WidePositions<State>::value) {
+        return KernelStatus::invalid("scan: row_groups with 64-bit positions");
+      } else {
+        KernelStatus st = KernelStatus::ok();
+        if (s.len >= kWarpChunk && launch_warp_rows(op, s, reverse, {}, stream, st)) return st;
+        return launch_row_groups(op, s, reverse, stream);
+      }
+    }
+    case ScanPath::kRows:
+      return launch_rows(op, s, reverse, {}, stream);
+    case ScanPath::kLongRows: {
+      KernelStatus st = KernelStatus::ok();
+      if (launch_staged_rows(op, s, reverse, workspace, stream, st)) return st;
+      if (launch_keyed_rows(op, s, reverse, workspace, stream, st)) return st;
+      if (launch_segmented_rows(op, s, reverse, workspace, plan.workspace_bytes, stream, st)) {
+        return st;
+      }
+      return launch_long_rows(op, s, reverse, workspace, stream);
+    }
+    case ScanPath::kColumnStrips:
+      return launch_strips(with_late_runs(op), s, plan.strips_per_outer, reverse, stream);
+    case ScanPath::kStripTiles: {
+      if constexpr (WidePositions<State>::value) {
+        return KernelStatus::invalid("scan: strip_tiles with 64-bit positions");
+      } else {
+        return launch_strip_tiles(op, s, plan, reverse, workspace, stream);
+      }
+    }
+    case ScanPath::kColumnTiles: {
+      if constexpr (WidePositions<State>::value) {
+        return KernelStatus::invalid("scan: column_tiles with 64-bit positions");
+      } else {
+        const TileWorkspace& w = plan.tile_ws;
+        const unsigned grid = static_cast<unsigned>(plan.tiles * plan.column_blocks);
+        const auto kernel = s.outer * s.inner < kFewTileColumns ? column_tiles_kernel<Op, 8>
+                                                                : column_tiles_kernel<Op, 1>;
+        return launch_behind_zeroing(workspace, w.zeroed_bytes(), kernel, dim3(grid),
+                                     dim3(kColumnBlock), 0, stream, op, s, reverse, plan.tiles,
+                                     plan.groups, plan.column_blocks,
+                                     tile_slots<State>(workspace, w));
+      }
+    }
+    case ScanPath::kColumns: {
+      const int64_t columns = s.outer * s.inner;
+      const int64_t seg_len = ceil_div(s.len, plan.segments);
+      const dim3 grid(static_cast<unsigned>(ceil_div(columns, kColumnBlock)),
+                      static_cast<unsigned>(plan.segments));
+      if (plan.segments == 1) {
+        column_scan_kernel<<<grid, kColumnBlock, 0, stream>>>(op, s, reverse, seg_len, nullptr);
+        return launch_status();
+      }
+      column_total_kernel<<<grid, kColumnBlock, 0, stream>>>(op, s, reverse, seg_len, ws);
+      KernelStatus st = launch_status();
+      if (!st.is_ok()) return st;
+      column_prefix_kernel<<<grid.x, kColumnBlock, 0, stream>>>(op, columns, plan.segments, ws);
+      st = launch_status();
+      if (!st.is_ok()) return st;
+      column_scan_kernel<<<grid, kColumnBlock, 0, stream>>>(op, s, reverse, seg_len, ws);
+      return launch_status();
+    }
+  }
+  return KernelStatus::invalid("scan: unknown path");
+}
+
+}  // namespace
+
+namespace scan {
+
+template <typename T, typename Args>
+KernelStatus scan_cuda(const Args& args, void* stream) {
+  return scan_for<T, AccumulatorOf<T, float>>(args, [&](const auto& op, bool reverse) {
+    return launch(op, args.shape, reverse, args.workspace, static_cast<cudaStream_t>(stream));
+  });
+}
+
+}  // namespace scan
+}  // namespace baracuda
