@@ -363,6 +363,20 @@ def test_strip_tiles_every_dtype(device, dtype, name, rng):
                                    "strip_tiles")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", ALL_OPS)
+def test_strip_tiles_long_tiles(device, dtype, name, rng):
+    # On CUDA, tiles of twice a strip step's positions where there are at
+    # least three for every two SMs (scan_strip_tiles.cuh): 32 strips, the
+    # last of 26 columns, and at least eight long tiles a strip, the last
+    # short, for every op that takes them on GPUs of up to 170 SMs. The
+    # host engine has no tiles, so this runs on CUDA only.
+    if device.type != "cuda":
+        pytest.skip("long strip tiles are a CUDA path")
+    check_forward_and_grad_on_path(name, dtype, device, rng, [((4, 4001, 250), 1)],
+                                   "strip_tiles")
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("name", ALL_OPS)
 def test_column_tiles_few_and_many_columns(device, dtype, name, rng):

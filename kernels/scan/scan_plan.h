@@ -125,7 +125,8 @@ constexpr int kStripBlock = 256;  // threads of a strip block
 constexpr int64_t kMinStrips = 128;
 
 // strip_tiles: a tile is a strip step, kStripBlock / 32 warps of
-// kStripRows<Op> positions each; the plan, knowing no op, sizes the
+// kStripRows<Op> positions each, or twice as many (long tiles,
+// scan_strip_tiles.cuh); the plan, knowing no op, sizes the
 // workspace for the shortest step any op takes (four positions a warp), and
 // takes the path for axes of at most kMaxStripTiles such tiles. A tile
 // reads every earlier tile's totals of its strip (eight at a time), so the

@@ -1,16 +1,19 @@
 // The strip_tiles path of the CUDA scan engine (scan_plan.h): the strips'
-// step (scan_strips.cuh) as a tile of its own. A block takes one step of
+// step (scan_strips.cuh) as a tile of its own. A block takes one tile of
 // one strip -- kStripWidth columns of one outer index (a lane per column),
-// kWarps * kStripRows<Op> positions of the axis (a warp per kStripRows) --
-// folds it, publishes its per-column totals, folds the earlier tiles' totals
-// of its strip into its carry and scans its step from there, as the
-// strips' walk would at that step. For shapes with too few strips to fill
+// kWarps * kStripTileRows positions of the axis (a warp per
+// kStripTileRows: a strip step's kStripRows, or twice as many in long
+// tiles) -- folds it, publishes its per-column totals, folds the earlier
+// tiles' totals of its strip into its carry and scans its tile from there,
+// as the strips' walk would at that step. For shapes with too few strips to fill
 // the GPU with a block each, where column_tiles would chain tiles of 16
 // positions a thread per column. Included by scan_launch.cuh alone. No torch
 // headers.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/hopper.cuh"
 #include "scan/scan_block.cuh"
@@ -21,9 +24,37 @@
 namespace baracuda {
 namespace scan {
 
-// Positions of a tile: a strip step.
+// Positions per warp of a tile: a strip step's, or in long tiles (kLong)
+// twice as many, up to 128 bytes of the op's storage. A tile holds one
+// step in registers where the column_strips walk holds two (the next
+// step's loads in flight), so the registers that bound the walk's steps
+// hold twice the positions here. Fewer, longer tiles wait less on each
+// other and bring more bytes in per thread, but leave SMs idle where they
+// are few (launch_strip_tiles). H200, launcher timer, us, strip steps ->
+// long tiles: [16, 2048, 64] along dim 1, bfloat16 cummax backward 26.4 ->
+// 20.9, float32 cummax forward 27.2 -> 21.4; [1, 4096, 1024], bfloat16
+// logcumsumexp forward 22.5 -> 16.5 and backward 60.2 -> 47.7, cumsum 20.1
+// -> 17.6; but where there are 128 long tiles or fewer, bfloat16 cumsum on
+// [16, 2048, 64] 12.1 -> 15.0 and cummax forward on [4096, 96] along dim 0
+// 17.5 -> 20.3 (benchmarks/RESULTS.md).
+template <typename Op, bool kLong>
+constexpr int kStripTileRows =
+    kLong ? std::min<int>(128 / sizeof(typename Op::Storage), 2 * kStripRows<Op>)
+          : kStripRows<Op>;
+
+// Positions of a tile.
+template <typename Op, bool kLong>
+constexpr int64_t kStripTileLen = int64_t{kStripBlock / 32} * kStripTileRows<Op, kLong>;
+
+// The ops that take long tiles: those whose tiles get longer, but not
+// float32 logcumsumexp backward, slower in them on [16, 2048, 64] (31.2 ->
+// 36.8 us) and [4096, 96] (18.4 -> 21.3) and faster only on
+// [1, 4096, 1024] (51.6 -> 47.4), nor float64 (not measured).
 template <typename Op>
-constexpr int64_t kStripTileLen = int64_t{kStripBlock / 32} * kStripRows<Op>;
+constexpr bool kLongStripTiles =
+    kStripTileRows<Op, true> != kStripRows<Op> && sizeof(typename Op::Storage) <= 4 &&
+    !std::is_same<Op, LogcumsumexpBackward<float, float>>::value;
+
 static_assert(kStripTileMinLen == (kStripBlock / 32) * 4,
               "the plan sizes the workspace for steps of at least four positions a warp");
 static_assert(kMaxStripTiles <= kStripBlock, "a thread waits for each earlier tile");
@@ -39,10 +70,12 @@ static_assert(kMaxStripTiles <= kStripBlock, "a thread waits for each earlier ti
 // cummax forward 55.1 -> 48.4, float32 cummax forward 51.1 -> 42.5;
 // [16, 2048, 64], bfloat16 cumprod backward 40.9 -> 34.4; but bfloat16
 // cummax forward there 28.7 -> 29.8, and logcumsumexp backward on
-// [4096, 96] along dim 0 19.5 -> 20.3 (benchmarks/RESULTS.md).
-template <typename Op>
+// [4096, 96] along dim 0 19.5 -> 20.3 (benchmarks/RESULTS.md). Long
+// tiles, whose states take twice the registers, run two.
+template <typename Op, bool kLong>
 constexpr int kStripTileBlocksPerSm =
-    HasPlainIo<Op>::value && (!HasRunScan<Op>::value || sizeof(typename Op::Storage) == 2)
+    kLong ? 2
+    : HasPlainIo<Op>::value && (!HasRunScan<Op>::value || sizeof(typename Op::Storage) == 2)
         ? kStripBlocksPerSm<Op>
         : 3;
 
@@ -53,14 +86,14 @@ constexpr int kStripTileBlocksPerSm =
 // behind flag t * strips + b. A tile's carry is the in-order fold of the
 // earlier tiles' totals of its strip, read eight at a time: the same
 // association whatever the timing, so bit-identical run to run.
-template <typename Op>
-__global__ void __launch_bounds__(kStripBlock, kStripTileBlocksPerSm<Op>)
+template <typename Op, bool kLong>
+__global__ void __launch_bounds__(kStripBlock, kStripTileBlocksPerSm<Op, kLong>)
     strip_tiles_kernel(Op op, ScanShape s, bool reverse, int64_t strips_per_outer,
                        TileSlots<TotalOf<Op>> ws) {
   using State = StateOf<Op>;
   using Total = TotalOf<Op>;
   using Aux = AuxOf<Op>;
-  constexpr int K = kStripRows<Op>;
+  constexpr int K = kStripTileRows<Op, kLong>;
   static_assert(K >= 4, "the plan's workspace holds steps of four positions a warp or more");
   static_assert(sizeof(Total) <= kWorkspaceSlotBytes, "a total larger than a workspace slot");
   constexpr int kWarps = kStripBlock / 32;
@@ -81,7 +114,7 @@ __global__ void __launch_bounds__(kStripBlock, kStripTileBlocksPerSm<Op>)
   // the barriers.
   const int64_t p_end = column < s.inner ? s.len : 0;
   const Line line{o * s.len * s.inner + column, s.inner, s.len, reverse};
-  const int64_t first = tile * kStripTileLen<Op> + int64_t{warp} * K;
+  const int64_t first = tile * kStripTileLen<Op, kLong> + int64_t{warp} * K;
 
   State cur[K];
   Aux cur_aux[K];
@@ -105,19 +138,38 @@ __global__ void __launch_bounds__(kStripBlock, kStripTileBlocksPerSm<Op>)
                     next_carry[lane]);
 }
 
-// The tiles of every strip along the axis: ceil(len / kStripTileLen<Op>),
-// no more than the plan's workspace holds.
-template <typename Op>
-KernelStatus launch_strip_tiles(const Op& op, const ScanShape& s, const ScanPlan& plan,
-                                bool reverse, void* workspace, cudaStream_t stream) {
-  const int64_t tiles = ceil_div(s.len, kStripTileLen<Op>);
+// The tiles of every strip along the axis, ceil(len / kStripTileLen), no
+// more than the plan's workspace holds.
+template <typename Op, bool kLong>
+KernelStatus launch_strip_tiles_of(const Op& op, const ScanShape& s, const ScanPlan& plan,
+                                   bool reverse, void* workspace, cudaStream_t stream) {
+  const int64_t tiles = ceil_div(s.len, kStripTileLen<Op, kLong>);
   const int64_t strips = s.outer * plan.strips_per_outer;
   if (tiles > plan.tiles) return KernelStatus::invalid("scan: strip_tiles beyond its workspace");
   const TileWorkspace& w = plan.tile_ws;
-  return launch_behind_zeroing(workspace, w.zeroed_bytes(), strip_tiles_kernel<Op>,
+  return launch_behind_zeroing(workspace, w.zeroed_bytes(), strip_tiles_kernel<Op, kLong>,
                                dim3(static_cast<unsigned>(tiles * strips)), dim3(kStripBlock), 0,
                                stream, op, s, reverse, plan.strips_per_outer,
                                tile_slots<TotalOf<Op>>(workspace, w));
+}
+
+// Long tiles where the op takes them and there are at least three for
+// every two SMs; strip steps elsewhere. H200 (132 SMs), launcher timer,
+// bfloat16, us: cumsum on [1, 4096, 1024] along dim 1 (32 strips, 256
+// long tiles) 20.1 -> 17.6, but on [16, 2048, 64] (32 strips, 128 long
+// tiles) 12.1 -> 15.0; cummax forward on [4096, 96] along dim 0 (3
+// strips, 48 long tiles) 17.5 -> 20.3.
+template <typename Op>
+KernelStatus launch_strip_tiles(const Op& op, const ScanShape& s, const ScanPlan& plan,
+                                bool reverse, void* workspace, cudaStream_t stream) {
+  if constexpr (kLongStripTiles<Op>) {
+    const int64_t long_tiles = s.outer * plan.strips_per_outer *
+                               ceil_div(s.len, kStripTileLen<Op, true>);
+    if (2 * long_tiles >= 3 * multiprocessors()) {
+      return launch_strip_tiles_of<Op, true>(op, s, plan, reverse, workspace, stream);
+    }
+  }
+  return launch_strip_tiles_of<Op, false>(op, s, plan, reverse, workspace, stream);
 }
 
 }  // namespace scan
