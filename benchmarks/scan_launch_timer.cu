@@ -205,7 +205,7 @@ ScanForwardArgs forward_args(const Case& c, const TensorSet& t, void* y) {
   a.x = t.x.ptr;
   a.y = y;
   a.indices = c.extremes() ? static_cast<int64_t*>(t.indices.ptr) : nullptr;
-  a.workspace = t.workspace.ptr;
+  a.workspace.ptr = t.workspace.ptr;
   return a;
 }
 
@@ -216,7 +216,7 @@ ScanBackwardArgs backward_args(const Case& c, const TensorSet& t) {
   a.y = t.y.ptr;
   a.indices = static_cast<const int64_t*>(t.indices.ptr);
   a.dx = t.out.ptr;
-  a.workspace = t.workspace.ptr;
+  a.workspace.ptr = t.workspace.ptr;
   return a;
 }
 

@@ -1413,6 +1413,28 @@ def test_staged_long_rows_in_cuda_graph(reverse):
         check("cumsum", x, 1, reverse)
 
 
+def assert_two_streams_match_alone(calls):
+    """Queues `calls` (name, x, dim, reverse) with no sync between them on
+    two new streams at once, the second in the opposite order, and asserts
+    each result bit-identical to the same call made alone."""
+    streams = (torch.cuda.Stream(), torch.cuda.Stream())
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+    got = [[None] * len(calls) for _ in streams]
+    for i in range(len(calls)):
+        for s, order, out in zip(streams, (calls, calls[::-1]), got):
+            name, x, dim, reverse = order[i]
+            with torch.cuda.stream(s):
+                out[i if order is calls else len(calls) - 1 - i] = ours(name, x, dim, reverse)
+    torch.cuda.synchronize()
+    for k, (name, x, dim, reverse) in enumerate(calls):
+        alone = ours(name, x, dim, reverse)
+        torch.cuda.synchronize()
+        for out in got:
+            for a, b in zip(outputs(out[k]), outputs(alone)):
+                assert torch.equal(a, b), (name, tuple(x.shape), x.dtype, reverse)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_staged_rows_standing_slots_back_to_back_on_cuda():
     """Outside graph capture, the staged long rows keep their ready flags in
@@ -1433,34 +1455,53 @@ def test_staged_rows_standing_slots_back_to_back_on_cuda():
                 x = torch.randn(shape, generator=g, device="cuda", dtype=dtype)
                 if name == "cumprod":
                     x = 1 + x / 1024
-                calls.append((name, x, k % 2 == 1))
-    assert all(bt.scan_path(x, -1) == "long_rows" for _, x, _ in calls)
-    streams = (torch.cuda.Stream(), torch.cuda.Stream())
-    for s in streams:
-        s.wait_stream(torch.cuda.current_stream())
-    got = [[None] * len(calls) for _ in streams]
-    for i in range(len(calls)):
-        for s, order, out in zip(streams, (calls, calls[::-1]), got):
-            name, x, reverse = order[i]
-            with torch.cuda.stream(s):
-                out[i if order is calls else len(calls) - 1 - i] = ours(name, x, -1, reverse)
-    torch.cuda.synchronize()
-    for k, (name, x, reverse) in enumerate(calls):
-        alone = ours(name, x, -1, reverse)
-        torch.cuda.synchronize()
-        for out in got:
-            assert torch.equal(out[k], alone), (name, tuple(x.shape), x.dtype, reverse)
-    for name, x, reverse in calls[-3:]:
-        check(name, x, -1, reverse)
+                calls.append((name, x, -1, k % 2 == 1))
+    assert all(bt.scan_path(x, -1) == "long_rows" for _, x, _, _ in calls)
+    assert_two_streams_match_alone(calls)
+    for name, x, dim, reverse in calls[-3:]:
+        check(name, x, dim, reverse)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_tile_paths_standing_slots_back_to_back_on_cuda():
+    """Outside graph capture, column_tiles and strip_tiles keep their ticket
+    counter and ready flags in slots each stream holds from call to call:
+    the flags zeroed only when allocated, each call publishing under a mark
+    of its own, the counter set back to zero by each call's last ticket, the
+    states in a part of their own. Calls of both paths queued with no sync
+    between them, on two new streams at once (the second in the opposite
+    order), across ops, dtypes, directions and shapes whose states outgrow
+    a stream's first buffer, must each be bit-identical to the same call
+    made alone: a flag or ticket left by an earlier call read as this
+    call's would give a wrong prefix or a hang."""
+    g = torch.Generator(device="cuda").manual_seed(29)
+    # strip_tiles (1100, 1024) along dim 0 has over 512 KiB of states, more
+    # than a stream's first buffer holds. Were flags and states one region,
+    # the calls after a larger one would read flags where it left states.
+    shapes = [((40, 3, 512), 0), ((1100, 7), 0), ((1100, 1024), 0), ((32, 530, 33), 1),
+              ((300, 1100), 0), ((4200, 64), 0), ((3, 500, 64), 1)]
+    calls = []
+    for shape, dim in shapes:
+        for dtype in (torch.bfloat16, torch.float32, torch.float64):
+            for k, name in enumerate(("cumsum", "logcumsumexp", "cummax")):
+                x = torch.randn(shape, generator=g, device="cuda", dtype=dtype)
+                calls.append((name, x, dim, k % 2 == 1))
+    assert {bt.scan_path(x, dim) for _, x, dim, _ in calls} == {"column_tiles", "strip_tiles"}
+    assert_two_streams_match_alone(calls)
+    for name, x, dim, reverse in calls[::7]:
+        check(name, x, dim, reverse)
 
 
 # The paths whose workspace is zeroed by a kernel launched ahead of theirs
-# (long_rows, column_tiles, strip_tiles): on compute capability 9.0 and up
-# both kernels launch programmatically, each allowed to start before the one
-# ahead ends. long_rows here for logcumsumexp and cummax (rows of aligned
-# starts take the staged kernel, with a memset, for cumsum, logcumsumexp and
-# float32 cummax: these rows are an odd number of elements long),
-# column_tiles and strip_tiles for cumsum along dim 0.
+# (long_rows; column_tiles and strip_tiles where the stream has no standing
+# slots, as in graph capture): on compute capability 9.0 and up both kernels
+# launch programmatically, each allowed to start before the one ahead ends.
+# Outside capture, column_tiles and strip_tiles take standing slots, with
+# no zeroing, and launch programmatically behind whatever came before.
+# long_rows here for logcumsumexp and cummax (rows of aligned starts take
+# the staged kernel, with a memset, for cumsum, logcumsumexp and float32
+# cummax: these rows are an odd number of elements long), column_tiles and
+# strip_tiles for cumsum along dim 0.
 WORKSPACE_CASES = [("logcumsumexp", (2, (1 << 20) + 1), 1, "long_rows"),
                    ("cummax", (2, (1 << 20) + 1), 1, "long_rows"),
                    ("cumsum", (1100, 7), 0, "column_tiles"),

@@ -1,45 +1,64 @@
 // Slots that a stream keeps from launch to launch, for kernels that hand
-// states from block to block behind ready marks (scan_publish.cuh's flagged
-// words). Such slots must hold no word with the launch's mark when it
-// starts. A workspace zeroed ahead of every launch does that at the cost of
-// a memset a call; standing slots are zeroed once, when allocated or grown,
-// and each launch takes a mark no earlier launch on them used. That saves
-// the memset and its launch gap (H100, staged logcumsumexp forward on
+// states from block to block behind ready marks. Such slots must hold no
+// word with the launch's mark when it starts. A workspace zeroed ahead of
+// every launch does that at the cost of a memset (or zeroing kernel) a
+// call; standing slots are zeroed once, when allocated or grown, and each
+// launch takes a mark no earlier launch on them used. That saves the
+// zeroing and its launch gap (H100, staged logcumsumexp forward on
 // [1, 16M]: float32 75.5 -> 72.8 us, bfloat16 53.1 -> 49.9; bfloat16 cumsum
 // about 0.8 us; float32 cumsum unchanged; benchmarks/RESULTS.md).
 //
-// One buffer per (device, stream), leased under a lock held until the lease
-// ends: the caller launches while it holds the lease, so the buffer cannot
-// be replaced under a launch queued from another thread. Launches on one
-// stream run one after another, so one buffer a stream suffices. There is
-// no standing buffer (lease_standing_slots returns false, and the caller
-// zeroes its own workspace) for a stream being captured into a CUDA graph,
-// whose replays would all repeat one mark; for the per-thread default
-// stream, one handle for many streams; past kMaxStandingStreams streams;
-// for more than kMaxStandingBytes; and where allocating fails. The buffers
-// live as long as the process (freed with the CUDA context, not before:
-// freeing in a static destructor would race the context's teardown).
+// Two kinds, a buffer each per stream, so that no launch of one kind reads
+// a mark where a launch of the other left arbitrary bytes:
+//  - flagged words (the staged long rows, scan_publish.cuh): 16-byte words,
+//    each a 64-bit mark beside 8 bytes of state, so that every word is
+//    either zero or carries the mark of the launch that wrote it.
+//  - ticketed tiles (column_tiles, strip_tiles): a ticket counter and
+//    32-bit ready flags in a marked part, which holds nothing but zeros,
+//    marks and the counter, and the states they guard in a part of their
+//    own after it, which holds anything. The parts grow apart, so that a
+//    launch's flags never lie where an earlier launch of another shape put
+//    states. The counter is back at zero when a launch ends (its last
+//    ticket sets it so). Marks of 32 bits run out: before the first that
+//    would not fit, the marked part is zeroed again and marks restart at 1.
+//
+// One buffer per (device, stream, kind), leased under a lock held until the
+// lease ends: the caller launches while it holds the lease, so the buffer
+// cannot be replaced under a launch queued from another thread. Launches on
+// one stream run one after another, so one buffer a stream suffices. There
+// is no standing buffer (the lease returns false, and the caller zeroes its
+// own workspace) for a stream being captured into a CUDA graph, whose
+// replays would all repeat one mark; for the per-thread default stream, one
+// handle for many streams; past kMaxStandingBuffers buffers; for more than
+// kMaxStandingBytes; and where allocating fails. The buffers live as long
+// as the process (freed with the CUDA context, not before: freeing in a
+// static destructor would race the context's teardown).
 // No torch headers.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <utility>
 
 #include "common/cuda_launch.cuh"
 
 namespace baracuda {
 
-constexpr size_t kMaxStandingStreams = 64;
+constexpr size_t kMaxStandingBuffers = 128;  // 64 streams with both kinds
 constexpr int64_t kMaxStandingBytes = int64_t{16} << 20;
 constexpr int64_t kMinStandingBytes = int64_t{64} << 10;
 
+enum class StandingKind : int { kFlaggedWords = 0, kTicketedTiles = 1 };
+
 struct StandingLease {
-  void* slots = nullptr;
-  uint64_t mark = 0;  // this launch's ready mark, never 0
+  void* slots = nullptr;   // the marked part
+  void* states = nullptr;  // ticketed tiles: the states' part
+  uint64_t mark = 0;       // this launch's ready mark, never 0
   std::unique_lock<std::mutex> hold;
 };
 
@@ -47,13 +66,14 @@ namespace standing_detail {
 
 struct Buffer {
   void* words = nullptr;
-  int64_t bytes = 0;
-  uint64_t last_mark = 0;  // marks only grow: each one is used once
+  int64_t marked_bytes = 0;  // zeroed when allocated
+  int64_t state_bytes = 0;   // after the marked part, never zeroed
+  uint64_t last_mark = 0;    // marks only grow: each one is used once
 };
 
 struct Table {
   std::mutex mutex;
-  std::map<std::pair<int, unsigned long long>, Buffer> of;  // (device, stream id)
+  std::map<std::tuple<int, unsigned long long, StandingKind>, Buffer> of;  // (device, stream id, kind)
 };
 
 inline Table& table() {
@@ -69,33 +89,32 @@ inline int64_t rounded_bytes(int64_t bytes) {
   return r;
 }
 
-// Replaces b's words by `bytes` zeroed ones, ordered on `stream` before what
-// the caller launches next. cudaFree waits for the work that may still use
-// the old words.
-inline bool grow(Buffer& b, int64_t bytes, cudaStream_t stream) {
+// Replaces b's words by ones with room for `marked` and `states` bytes, the
+// marked part zeroed, ordered on `stream` before what the caller launches
+// next. cudaFree waits for the work that may still use the old words.
+inline bool grow(Buffer& b, int64_t marked, int64_t states, cudaStream_t stream) {
   void* words = nullptr;
-  if (cudaMalloc(&words, static_cast<size_t>(bytes)) != cudaSuccess) {
+  if (cudaMalloc(&words, static_cast<size_t>(marked + states)) != cudaSuccess) {
     cudaGetLastError();  // out of memory is not the caller's error: it zeroes its own
     return false;
   }
-  if (cudaMemsetAsync(words, 0, static_cast<size_t>(bytes), stream) != cudaSuccess) {
+  if (cudaMemsetAsync(words, 0, static_cast<size_t>(marked), stream) != cudaSuccess) {
     cudaGetLastError();
     cudaFree(words);
     return false;
   }
   if (b.words != nullptr && cudaFree(b.words) != cudaSuccess) cudaGetLastError();
   b.words = words;
-  b.bytes = bytes;
+  b.marked_bytes = marked;
+  b.state_bytes = states;
   return true;
 }
 
-}  // namespace standing_detail
-
-// At least `bytes` of standing slots for `stream` on the current device, and
-// a fresh mark, in `lease`; false where there are none (see above).
-inline bool lease_standing_slots(cudaStream_t stream, int64_t bytes, StandingLease& lease) {
-  using namespace standing_detail;
-  if (bytes > kMaxStandingBytes || stream == cudaStreamPerThread) return false;
+// Leases `kind`'s buffer of `stream` with at least `marked` and `states`
+// bytes, and a mark of at most `max_mark`; see lease_standing_slots.
+inline bool lease(cudaStream_t stream, StandingKind kind, int64_t marked, int64_t states,
+                  uint64_t max_mark, StandingLease& out) {
+  if (marked + states > kMaxStandingBytes || stream == cudaStreamPerThread) return false;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   unsigned long long id = 0;
   if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess ||
@@ -105,18 +124,52 @@ inline bool lease_standing_slots(cudaStream_t stream, int64_t bytes, StandingLea
   }
   Table& t = table();
   std::unique_lock<std::mutex> hold(t.mutex);
-  const auto key = std::make_pair(current_device(), id);
+  const auto key = std::make_tuple(current_device(), id, kind);
   auto it = t.of.find(key);
   if (it == t.of.end()) {
-    if (t.of.size() >= kMaxStandingStreams) return false;
+    if (t.of.size() >= kMaxStandingBuffers) return false;
     it = t.of.emplace(key, Buffer{}).first;
   }
   Buffer& b = it->second;
-  if (b.bytes < bytes && !grow(b, rounded_bytes(bytes), stream)) return false;
-  lease.slots = b.words;
-  lease.mark = ++b.last_mark;
-  lease.hold = std::move(hold);
+  if (b.marked_bytes < marked || b.state_bytes < states) {
+    const int64_t grown_marked = std::max(b.marked_bytes, rounded_bytes(marked));
+    const int64_t grown_states = states > 0 ? std::max(b.state_bytes, rounded_bytes(states)) : 0;
+    if (grown_marked + grown_states > kMaxStandingBytes ||
+        !grow(b, grown_marked, grown_states, stream)) {
+      return false;
+    }
+  }
+  if (b.last_mark == max_mark) {  // out of marks: zero the marked part, start again
+    if (cudaMemsetAsync(b.words, 0, static_cast<size_t>(b.marked_bytes), stream) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    b.last_mark = 0;
+  }
+  out.slots = b.words;
+  out.states = static_cast<char*>(b.words) + b.marked_bytes;
+  out.mark = ++b.last_mark;
+  out.hold = std::move(hold);
   return true;
+}
+
+}  // namespace standing_detail
+
+// At least `bytes` of standing flagged words for `stream` on the current
+// device, and a fresh 64-bit mark, in `lease`; false where there are none
+// (see above).
+inline bool lease_standing_slots(cudaStream_t stream, int64_t bytes, StandingLease& lease) {
+  return standing_detail::lease(stream, StandingKind::kFlaggedWords, bytes, 0, ~uint64_t{0},
+                                lease);
+}
+
+// Standing slots of ticketed tiles for `stream` on the current device: at
+// least `marked` bytes for the counter and flags, `states` for the states,
+// and a fresh 32-bit mark, in `lease`; false where there are none.
+inline bool lease_standing_tile_slots(cudaStream_t stream, int64_t marked, int64_t states,
+                                      StandingLease& lease) {
+  return standing_detail::lease(stream, StandingKind::kTicketedTiles, marked, states,
+                                uint64_t{0xffffffffu}, lease);
 }
 
 }  // namespace baracuda

@@ -21,6 +21,23 @@ struct ScanShape {
   int64_t numel() const { return outer * len * inner; }
 };
 
+// The workspace a CUDA launch may need, scan_workspace_bytes(shape) bytes,
+// allocated only when a launch first asks for it (get): launches that find
+// their stream's standing slots (common/standing_slots.h) never ask, and
+// save the allocation. `allocate` is the op layer's (it keeps the memory
+// until the launch is queued); without it, `ptr` is the workspace.
+struct ScanWorkspace {
+  void* (*allocate)(void* owner, int64_t bytes) = nullptr;
+  void* owner = nullptr;
+  int64_t bytes = 0;
+  mutable void* ptr = nullptr;
+  // nullptr where there is none to give.
+  void* get() const {
+    if (ptr == nullptr && allocate != nullptr && bytes > 0) ptr = allocate(owner, bytes);
+    return ptr;
+  }
+};
+
 // y = scan(x) along the axis; reverse scans from the last element to the
 // first. cummax / cummin also write int64 indices (original coordinates).
 struct ScanForwardArgs {
@@ -31,7 +48,7 @@ struct ScanForwardArgs {
   const void* x = nullptr;
   void* y = nullptr;
   int64_t* indices = nullptr;  // cummax / cummin only
-  void* workspace = nullptr;   // scan_workspace_bytes(shape) bytes (CUDA only)
+  ScanWorkspace workspace;     // CUDA only
 };
 
 // dx from dy for the forward scan described by kind / reverse. Saved tensors
@@ -51,7 +68,7 @@ struct ScanBackwardArgs {
   const void* y = nullptr;
   const int64_t* indices = nullptr;
   void* dx = nullptr;
-  void* workspace = nullptr;
+  ScanWorkspace workspace;
 };
 
 KernelStatus scan_forward_cuda(const ScanForwardArgs& args, void* stream);

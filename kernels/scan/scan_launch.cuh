@@ -39,6 +39,7 @@
 #include "scan/scan_staged_swizzled_runs.cuh"
 #include "scan/scan_strip_tiles.cuh"
 #include "scan/scan_strips.cuh"
+#include "scan/scan_ticketed_launch.cuh"
 #include "scan/scan_warp_rows.cuh"
 
 namespace baracuda {
@@ -304,8 +305,8 @@ using StagedTilesOf = std::conditional_t<
 // One staged launch over `rows` rows of tiles_of's tiles. Their tiles are at
 // least long_rows' shortest, so the long_rows workspace holds their slots.
 template <typename Tiles>
-KernelStatus launch_staged_tiles(const Tiles& tiles_of, int64_t rows, void* workspace,
-                                 cudaStream_t stream,
+KernelStatus launch_staged_tiles(const Tiles& tiles_of, int64_t rows,
+                                 const ScanWorkspace& workspace, cudaStream_t stream,
                                  const TensorMapsOf<Tiles>& maps = TensorMapsOf<Tiles>{}) {
   using Total = typename Tiles::Total;
   constexpr int kSharedBytes = staged_dynamic_shared_bytes<Tiles>();
@@ -314,7 +315,7 @@ KernelStatus launch_staged_tiles(const Tiles& tiles_of, int64_t rows, void* work
                 "the tiles' shared memory does not let kBlocksPerSm blocks onto an SM");
   const auto kernel = staged_rows_kernel<Tiles>;
   int64_t groups = ceil_div(tiles_of.tiles, kGroupTiles);
-  LongRowsSlots<Total> slots = long_rows_slots<Total>(workspace, rows, tiles_of.tiles, groups);
+  const int64_t slot_bytes = long_rows_slot_bytes<Total>(rows, tiles_of.tiles, groups);
   // The stages and the block's own shared memory pass the 48 KiB a block
   // gets unasked; the blocks an SM holds (Tiles::kBlocksPerSm) need most of
   // its shared memory.
@@ -326,21 +327,26 @@ KernelStatus launch_staged_tiles(const Tiles& tiles_of, int64_t rows, void* work
   }
   if (!st.is_ok()) return st;
   const int64_t resident = resident_capacity(kernel, kScanBlock, kSharedBytes);
-  // The stream's standing slots where it has them; else the workspace,
-  // zeroed by a memset rather than launch_behind_zeroing: a cooperative
-  // launch does not start early behind a kernel (H100, [1, 16M] float32:
-  // 58.1 us with either), and a plain one that did (56.0 us) could not
-  // promise that every block is resident, which the tiles striped by
-  // block index need (benchmarks/RESULTS.md).
+  // The stream's standing slots where it has them (no workspace is
+  // allocated); else the workspace, zeroed by a memset rather than
+  // launch_behind_zeroing: a cooperative launch does not start early
+  // behind a kernel (H100, [1, 16M] float32: 58.1 us with either), and a
+  // plain one that did (56.0 us) could not promise that every block is
+  // resident, which the tiles striped by block index need
+  // (benchmarks/RESULTS.md).
   StandingLease lease;  // held until the launch is queued
   uint64_t mark = kZeroedSlotsMark;
-  if (lease_standing_slots(stream, slots.bytes, lease)) {
-    slots = long_rows_slots<Total>(lease.slots, rows, tiles_of.tiles, groups);
+  void* slot_words = nullptr;
+  if (lease_standing_slots(stream, slot_bytes, lease)) {
+    slot_words = lease.slots;
     mark = lease.mark;
   } else {
-    st = to_status(cudaMemsetAsync(workspace, 0, static_cast<size_t>(slots.bytes), stream));
+    slot_words = workspace.get();
+    if (slot_words == nullptr) return KernelStatus::invalid("scan: this shape needs a workspace");
+    st = to_status(cudaMemsetAsync(slot_words, 0, static_cast<size_t>(slot_bytes), stream));
     if (!st.is_ok()) return st;
   }
+  LongRowsSlots<Total> slots = long_rows_slots<Total>(slot_words, rows, tiles_of.tiles, groups);
   const unsigned grid = static_cast<unsigned>(std::min(rows * tiles_of.tiles, resident));
   Tiles args_tiles = tiles_of;
   TensorMapsOf<Tiles> args_maps = maps;
@@ -400,7 +406,7 @@ inline int64_t block_shared_limit() {
 // [1, 4M] (256) 18.0 against 20.4.
 template <typename Forward, typename Backward, typename Op, typename EncodeMaps>
 bool launch_swizzled_tiles(const Op& op, const ScanShape& s, bool reverse, bool part_lines,
-                           void* workspace, cudaStream_t stream, KernelStatus& st,
+                           const ScanWorkspace& workspace, cudaStream_t stream, KernelStatus& st,
                            EncodeMaps&& encode_maps) {
   using T = typename Op::Storage;
   const int64_t row_bytes = s.len * int64_t{sizeof(T)};
@@ -426,7 +432,8 @@ bool launch_swizzled_tiles(const Op& op, const ScanShape& s, bool reverse, bool 
 // reversed scan's maps start past the row's first part-line (where its
 // bytes are not whole lines), so that part-line is the last in scan order.
 template <typename Op, bool kPartLines>
-bool launch_swizzled_runs_of(const Op& op, const ScanShape& s, bool reverse, void* workspace,
+bool launch_swizzled_runs_of(const Op& op, const ScanShape& s, bool reverse,
+                             const ScanWorkspace& workspace,
                              cudaStream_t stream, KernelStatus& st) {
   using T = typename Op::Storage;
   using Forward = StagedSwizzledRunTiles<Op, false, kPartLines>;
@@ -440,7 +447,8 @@ bool launch_swizzled_runs_of(const Op& op, const ScanShape& s, bool reverse, voi
       });
 }
 template <typename Op>
-bool launch_swizzled_runs(const Op& op, const ScanShape& s, bool reverse, void* workspace,
+bool launch_swizzled_runs(const Op& op, const ScanShape& s, bool reverse,
+                          const ScanWorkspace& workspace,
                           cudaStream_t stream, KernelStatus& st) {
   using T = typename Op::Storage;
   return s.len * int64_t{sizeof(T)} % kSwizzleLineBytes == 0
@@ -452,7 +460,8 @@ bool launch_swizzled_runs(const Op& op, const ScanShape& s, bool reverse, void* 
 // (StagedSwizzledGradTiles under StagedLogcumsumexpGradTiles), where
 // launch_swizzled_tiles lets them.
 template <typename Op>
-bool launch_swizzled_grad(const Op& op, const ScanShape& s, bool reverse, void* workspace,
+bool launch_swizzled_grad(const Op& op, const ScanShape& s, bool reverse,
+                          const ScanWorkspace& workspace,
                           cudaStream_t stream, KernelStatus& st) {
   using T = typename Op::Storage;
   using Forward =
@@ -472,7 +481,8 @@ bool launch_swizzled_grad(const Op& op, const ScanShape& s, bool reverse, void* 
 // for compute capability 9.0 or more (the bulk copy engine), and so running
 // on such a device. Returns false, launching nothing, where they do not.
 template <typename Op>
-bool launch_staged_rows(const Op& op, const ScanShape& s, bool reverse, void* workspace,
+bool launch_staged_rows(const Op& op, const ScanShape& s, bool reverse,
+                        const ScanWorkspace& workspace,
                         cudaStream_t stream, KernelStatus& st) {
   if constexpr (!std::is_void<StagedTilesOf<Op, false>>::value) {
     using T = typename Op::Storage;
@@ -666,8 +676,8 @@ __global__ void __launch_bounds__(kColumnBlock)
                         int64_t blocks, TileSlots<StateOf<Op>> ws) {
   using State = StateOf<Op>;
   static_assert(kMaxColumnGroups + kGroupTiles <= kColumnBlock, "one waiting thread per flag");
-  grid_dependency_wait();  // for the zeroed workspace (launch_behind_zeroing)
-  const int64_t ticket = take_ticket(ws.counter);
+  grid_dependency_wait();  // for the slots (launch_ticketed_tiles)
+  const int64_t ticket = take_ticket_and_rewind(ws.counter);
   const int64_t tile = ticket / blocks;
   const int64_t block = ticket - tile * blocks;
   const int64_t columns = s.outer * s.inner;
@@ -682,13 +692,13 @@ __global__ void __launch_bounds__(kColumnBlock)
   State total = op.identity();
   if (active) total = load_run(op, line, p_begin, p_end, items);
   publish_block(ws.tile_totals + tile * columns + column, active, total,
-                ws.tile_flags + tile * blocks + block);
+                ws.tile_flags + tile * blocks + block, ws.mark);
 
   const int64_t group = tile / kGroupTiles;
   const int64_t group_first = group * kGroupTiles;
   // The last tile of a group that later tiles depend on publishes its totals.
   if (tile - group_first == kGroupTiles - 1 && group + 1 < groups) {
-    wait_all(ws.tile_flags + group_first * blocks + block, blocks, kGroupTiles, 0);
+    wait_all(ws.tile_flags + group_first * blocks + block, blocks, kGroupTiles, 0, ws.mark);
     __syncthreads();
     State g = op.identity();
     if (active) {
@@ -696,12 +706,12 @@ __global__ void __launch_bounds__(kColumnBlock)
                                       columns, kGroupTiles);
     }
     publish_block(ws.group_totals + group * columns + column, active, g,
-                  ws.group_flags + group * blocks + block);
+                  ws.group_flags + group * blocks + block, ws.mark);
   }
 
-  wait_all(ws.group_flags + block, blocks, group, 0);
+  wait_all(ws.group_flags + block, blocks, group, 0, ws.mark);
   wait_all(ws.tile_flags + group_first * blocks + block, blocks, tile - group_first,
-           kMaxColumnGroups);
+           kMaxColumnGroups, ws.mark);
   __syncthreads();
   if (!active) return;
   State prefix =
@@ -725,16 +735,22 @@ struct WidePositions<ValueIndex<Acc, int64_t>> : std::true_type {};
 template <typename Acc>
 struct WidePositions<KeyedSum<Acc, int64_t>> : std::true_type {};
 
+// The workspace `plan` sizes, where a launch that needs it takes it; false
+// (with st saying why) where there is none.
+inline bool take_workspace(const ScanWorkspace& workspace, const ScanPlan& plan, void*& ws,
+                           KernelStatus& st) {
+  ws = plan.workspace_bytes > 0 ? workspace.get() : nullptr;
+  if (ws != nullptr) return true;
+  st = KernelStatus::invalid("scan: this shape needs a workspace");
+  return false;
+}
+
 template <typename Op>
-KernelStatus launch(const Op& op, const ScanShape& s, bool reverse, void* workspace,
-                    cudaStream_t stream) {
+KernelStatus launch(const Op& op, const ScanShape& s, bool reverse,
+                    const ScanWorkspace& workspace, cudaStream_t stream) {
   using State = StateOf<Op>;
   static_assert(sizeof(State) <= kWorkspaceSlotBytes, "scan state larger than a workspace slot");
   const ScanPlan plan = plan_scan(s);
-  State* ws = static_cast<State*>(workspace);
-  if (plan.workspace_bytes > 0 && ws == nullptr) {
-    return KernelStatus::invalid("scan: this shape needs a workspace");
-  }
   switch (plan.path) {
     case ScanPath::kEmpty: return KernelStatus::ok();
     case ScanPath::kRowGroups: {
@@ -751,11 +767,11 @@ KernelStatus launch(const Op& op, const ScanShape& s, bool reverse, void* worksp
     case ScanPath::kLongRows: {
       KernelStatus st = KernelStatus::ok();
       if (launch_staged_rows(op, s, reverse, workspace, stream, st)) return st;
-      if (launch_keyed_rows(op, s, reverse, workspace, stream, st)) return st;
-      if (launch_segmented_rows(op, s, reverse, workspace, plan.workspace_bytes, stream, st)) {
-        return st;
-      }
-      return launch_long_rows(op, s, reverse, workspace, stream);
+      void* ws = nullptr;
+      if (!take_workspace(workspace, plan, ws, st)) return st;
+      if (launch_keyed_rows(op, s, reverse, ws, stream, st)) return st;
+      if (launch_segmented_rows(op, s, reverse, ws, plan.workspace_bytes, stream, st)) return st;
+      return launch_long_rows(op, s, reverse, ws, stream);
     }
     case ScanPath::kColumnStrips:
       return launch_strips(with_late_runs(op), s, plan.strips_per_outer, reverse, stream);
@@ -770,14 +786,12 @@ KernelStatus launch(const Op& op, const ScanShape& s, bool reverse, void* worksp
       if constexpr (WidePositions<State>::value) {
         return KernelStatus::invalid("scan: column_tiles with 64-bit positions");
       } else {
-        const TileWorkspace& w = plan.tile_ws;
         const unsigned grid = static_cast<unsigned>(plan.tiles * plan.column_blocks);
         const auto kernel = s.outer * s.inner < kFewTileColumns ? column_tiles_kernel<Op, 8>
                                                                 : column_tiles_kernel<Op, 1>;
-        return launch_behind_zeroing(workspace, w.zeroed_bytes(), kernel, dim3(grid),
-                                     dim3(kColumnBlock), 0, stream, op, s, reverse, plan.tiles,
-                                     plan.groups, plan.column_blocks,
-                                     tile_slots<State>(workspace, w));
+        return launch_ticketed_tiles<State>(kernel, dim3(grid), dim3(kColumnBlock), workspace,
+                                            plan.tile_ws, stream, op, s, reverse, plan.tiles,
+                                            plan.groups, plan.column_blocks);
       }
     }
     case ScanPath::kColumns: {
@@ -789,8 +803,12 @@ KernelStatus launch(const Op& op, const ScanShape& s, bool reverse, void* worksp
         column_scan_kernel<<<grid, kColumnBlock, 0, stream>>>(op, s, reverse, seg_len, nullptr);
         return launch_status();
       }
+      KernelStatus st = KernelStatus::ok();
+      void* words = nullptr;
+      if (!take_workspace(workspace, plan, words, st)) return st;
+      State* ws = static_cast<State*>(words);
       column_total_kernel<<<grid, kColumnBlock, 0, stream>>>(op, s, reverse, seg_len, ws);
-      KernelStatus st = launch_status();
+      st = launch_status();
       if (!st.is_ok()) return st;
       column_prefix_kernel<<<grid.x, kColumnBlock, 0, stream>>>(op, columns, plan.segments, ws);
       st = launch_status();

@@ -75,10 +75,26 @@ at::Tensor host_compute(const at::Tensor& t) {
   return needs_host_upcast(t) ? t.to(at::kFloat).contiguous() : t.contiguous();
 }
 
-at::Tensor workspace_for(const ScanShape& s, const at::Tensor& like) {
-  const int64_t bytes = like.is_cpu() ? 0 : scan_workspace_bytes(s);
-  if (bytes == 0) return at::Tensor();
-  return at::empty({bytes}, like.options().dtype(at::kByte));
+// A scan's workspace, allocated on its device when the launch asks for it
+// (ScanWorkspace) and kept until the op returns, after the launch is queued.
+struct WorkspaceOwner {
+  at::TensorOptions options;
+  at::Tensor bytes;
+};
+
+void* allocate_workspace(void* owner, int64_t bytes) {
+  auto* w = static_cast<WorkspaceOwner*>(owner);
+  w->bytes = at::empty({bytes}, w->options.dtype(at::kByte));
+  return w->bytes.data_ptr();
+}
+
+ScanWorkspace workspace_for(const ScanShape& s, WorkspaceOwner& owner) {
+  ScanWorkspace w;
+  if (owner.options.device().is_cpu()) return w;
+  w.allocate = &allocate_workspace;
+  w.owner = &owner;
+  w.bytes = scan_workspace_bytes(s);
+  return w;
 }
 
 // The host engine's lines spread over torch's intra-op threads, in runs of
@@ -115,13 +131,13 @@ KernelStatus scan_backward_host(const ScanBackwardArgs& a) {
 // The fields every launch shares.
 template <typename Args>
 Args launch_args(ScanKind kind, const char* op, const at::Tensor& data, const ScanShape& s,
-                 bool reverse, const at::Tensor& ws) {
+                 bool reverse, WorkspaceOwner& workspace) {
   Args a;
   a.kind = kind;
   a.dtype = float_dtype_of(op, "x", data);
   a.shape = s;
   a.reverse = reverse;
-  a.workspace = ws.defined() ? ws.data_ptr() : nullptr;
+  a.workspace = workspace_for(s, workspace);
   return a;
 }
 
@@ -139,7 +155,7 @@ std::tuple<at::Tensor, at::Tensor> forward(ScanKind kind, const at::Tensor& x, i
   const at::Tensor xc = host_compute(x);
   const bool up = needs_host_upcast(x);
   at::Tensor yc = up ? at::empty(x.sizes(), xc.options()) : y;
-  const at::Tensor ws = workspace_for(s, x);
+  WorkspaceOwner ws{x.options()};
   ScanForwardArgs a = launch_args<ScanForwardArgs>(kind, op, xc, s, reverse, ws);
   a.x = xc.const_data_ptr();
   a.y = yc.data_ptr();
@@ -211,7 +227,7 @@ at::Tensor scan_backward(const at::Tensor& grad, const c10::optional<at::Tensor>
     ys = host_compute(ys);
   }
   at::Tensor dxc = up ? at::empty(grad.sizes(), gc.options()) : dx;
-  const at::Tensor ws = workspace_for(s, grad);
+  WorkspaceOwner ws{grad.options()};
   ScanBackwardArgs a = launch_args<ScanBackwardArgs>(kind, op, gc, s, reverse, ws);
   a.dy = gc.const_data_ptr();
   a.x = uses_xy ? xs.const_data_ptr() : nullptr;

@@ -156,10 +156,11 @@ constexpr int64_t kMaxColumnTileWorkspace = int64_t(64) << 20;
 constexpr int64_t kLongRowsCounterBytes = 16;
 constexpr int64_t kFlaggedSlotBytes = 32;
 
-// Workspace of column_tiles, in this order: the ticket counter (16
-// bytes), the ready flags of tiles and of groups (uint32, zeroed by a
-// kernel ahead of every launch), then the state slots of tiles and of
-// groups: a flag per tile and a slot per column.
+// Workspace of column_tiles and strip_tiles, in this order: the ticket
+// counter (16 bytes), the ready flags of tiles and of groups (uint32),
+// zeroed ahead of the launch, then the state slots of tiles and of groups:
+// a flag per tile and a slot per column. Where the stream has standing
+// slots (scan_ticketed_launch.cuh) the launch takes those instead.
 struct TileWorkspace {
   int64_t tile_flags = 0;
   int64_t group_flags = 0;

@@ -18,23 +18,35 @@ namespace scan {
 template <typename State>
 struct TileSlots {
   unsigned long long* counter;
-  unsigned int* tile_flags;   // 1 once the tile's totals are out
+  unsigned int* tile_flags;   // the launch's mark once the tile's totals are out
   unsigned int* group_flags;
   State* tile_totals;
   State* group_totals;
+  unsigned int mark;          // 1 where the flags were zeroed ahead of the launch
 };
 
+// The slots of a workspace laid out as TileWorkspace says: the counter and
+// flags at `marked`, the states at `states`; flags that read `mark` are out.
 template <typename State>
-TileSlots<State> tile_slots(void* workspace, const TileWorkspace& w) {
-  char* base = static_cast<char*>(workspace);
+TileSlots<State> tile_slots(void* marked, void* states, const TileWorkspace& w,
+                            unsigned int mark) {
+  char* base = static_cast<char*>(marked);
   TileSlots<State> t;
   t.counter = reinterpret_cast<unsigned long long*>(base);
   t.tile_flags = reinterpret_cast<unsigned int*>(base + 16);
   t.group_flags = t.tile_flags + w.tile_flags;
-  t.tile_totals = reinterpret_cast<State*>(base + w.zeroed_bytes());
-  t.group_totals = reinterpret_cast<State*>(base + w.zeroed_bytes() +
-                                            w.tile_slots * kWorkspaceSlotBytes);
+  t.tile_totals = static_cast<State*>(states);
+  t.group_totals =
+      reinterpret_cast<State*>(static_cast<char*>(states) + w.tile_slots * kWorkspaceSlotBytes);
+  t.mark = mark;
   return t;
+}
+
+// A workspace of TileWorkspace's size whose marked part is zeroed ahead of
+// the launch.
+template <typename State>
+TileSlots<State> tile_slots(void* workspace, const TileWorkspace& w) {
+  return tile_slots<State>(workspace, static_cast<char*>(workspace) + w.zeroed_bytes(), w, 1u);
 }
 
 // The block's place in line. Tickets, not blockIdx, order the tiles: a block
@@ -47,11 +59,24 @@ __device__ inline int64_t take_ticket(unsigned long long* counter) {
   return static_cast<int64_t>(ticket);
 }
 
+// take_ticket for a counter that must be zero again when the launch ends
+// (standing slots: nothing zeroes it ahead of the next launch). The grid's
+// last ticket is taken after every other, so its block resets the counter.
+__device__ inline int64_t take_ticket_and_rewind(unsigned long long* counter) {
+  __shared__ unsigned long long ticket;
+  if (threadIdx.x == 0) {
+    ticket = atomicAdd(counter, 1ull);
+    if (ticket == gridDim.x - 1ull) atomicExch(counter, 0ull);
+  }
+  __syncthreads();
+  return static_cast<int64_t>(ticket);
+}
+
 // Reader side: spin on the flag, then read the state from L2 (volatile
 // loads; L1 is not coherent across SMs and may hold a stale line).
-__device__ inline void wait_ready(const unsigned int* flag) {
+__device__ inline void wait_ready(const unsigned int* flag, unsigned int mark) {
   const volatile unsigned int* f = flag;
-  while (*f == 0u) {
+  while (*f != mark) {
   }
   __threadfence();
 }
@@ -201,13 +226,18 @@ struct LongRowsSlots {
 };
 
 template <typename State>
+constexpr int64_t long_rows_slot_bytes(int64_t rows, int64_t tiles, int64_t groups) {
+  return kLongRowsCounterBytes + rows * (tiles + groups) * int64_t(sizeof(FlaggedState<State>));
+}
+
+template <typename State>
 LongRowsSlots<State> long_rows_slots(void* workspace, int64_t rows, int64_t tiles, int64_t groups) {
   char* base = static_cast<char*>(workspace);
   LongRowsSlots<State> t;
   t.counter = reinterpret_cast<unsigned long long*>(base);
   t.tile_totals = reinterpret_cast<FlaggedState<State>*>(base + kLongRowsCounterBytes);
   t.group_totals = t.tile_totals + rows * tiles;
-  t.bytes = kLongRowsCounterBytes + rows * (tiles + groups) * int64_t(sizeof(FlaggedState<State>));
+  t.bytes = long_rows_slot_bytes<State>(rows, tiles, groups);
   return t;
 }
 
@@ -433,20 +463,22 @@ __device__ StateOf<Op> fold_volatile(const Op& op, StateOf<Op> acc, const StateO
   return acc;
 }
 
-// Threads [first, first + n) each wait for one flag; then the whole block may
-// read what those flags guard.
-__device__ inline void wait_all(const unsigned int* flags, int64_t stride, int64_t n, int first) {
+// Threads [first, first + n) each wait for one flag to read `mark`; then the
+// whole block may read what those flags guard.
+__device__ inline void wait_all(const unsigned int* flags, int64_t stride, int64_t n, int first,
+                                unsigned int mark) {
   const int64_t k = int64_t(threadIdx.x) - first;
-  if (k >= 0 && k < n) wait_ready(flags + k * stride);
+  if (k >= 0 && k < n) wait_ready(flags + k * stride, mark);
 }
 
-// Every thread's state is written; then one flag says so.
+// Every thread's state is written; then one flag says so, with `mark`.
 template <typename State>
-__device__ void publish_block(State* slot, bool active, const State& value, unsigned int* flag) {
+__device__ void publish_block(State* slot, bool active, const State& value, unsigned int* flag,
+                              unsigned int mark) {
   if (active) *slot = value;
   __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) atomicExch(flag, 1u);
+  if (threadIdx.x == 0) atomicExch(flag, mark);
 }
 
 }  // namespace scan

@@ -20,6 +20,7 @@
 #include "scan/scan_plan.h"
 #include "scan/scan_publish.cuh"
 #include "scan/scan_strips.cuh"
+#include "scan/scan_ticketed_launch.cuh"
 
 namespace baracuda {
 namespace scan {
@@ -101,9 +102,9 @@ __global__ void __launch_bounds__(kStripBlock, kStripTileBlocksPerSm<Op, kLong>)
   // Where only the last warp folds every total (kFoldEarlierWarpsOnly) it
   // leaves the next step's carry here; a tile has no next step.
   __shared__ Total next_carry[kStripWidth];
-  grid_dependency_wait();  // for the zeroed workspace (launch_behind_zeroing)
+  grid_dependency_wait();  // for the slots (launch_ticketed_tiles)
   const int64_t strips = s.outer * strips_per_outer;
-  const int64_t ticket = take_ticket(ws.counter);
+  const int64_t ticket = take_ticket_and_rewind(ws.counter);
   const int64_t tile = ticket / strips;
   const int64_t strip = ticket - tile * strips;
   const int lane = threadIdx.x % 32;
@@ -128,9 +129,9 @@ __global__ void __launch_bounds__(kStripBlock, kStripTileBlocksPerSm<Op, kLong>)
   for (int w = 0; w < kWarps; ++w) tile_total = joins.combine(tile_total, totals[w][lane]);
   const int64_t slot = tile * strips + strip;
   publish_block(ws.tile_totals + slot * kStripWidth + lane, warp == 0, tile_total,
-                ws.tile_flags + slot);
+                ws.tile_flags + slot, ws.mark);
 
-  wait_all(ws.tile_flags + strip, strips, tile, 0);
+  wait_all(ws.tile_flags + strip, strips, tile, 0, ws.mark);
   __syncthreads();
   Total carry = fold_volatile<8>(joins, joins.identity(), ws.tile_totals + strip * kStripWidth + lane,
                                  strips * kStripWidth, tile);
@@ -142,15 +143,14 @@ __global__ void __launch_bounds__(kStripBlock, kStripTileBlocksPerSm<Op, kLong>)
 // more than the plan's workspace holds.
 template <typename Op, bool kLong>
 KernelStatus launch_strip_tiles_of(const Op& op, const ScanShape& s, const ScanPlan& plan,
-                                   bool reverse, void* workspace, cudaStream_t stream) {
+                                   bool reverse, const ScanWorkspace& workspace,
+                                cudaStream_t stream) {
   const int64_t tiles = ceil_div(s.len, kStripTileLen<Op, kLong>);
   const int64_t strips = s.outer * plan.strips_per_outer;
   if (tiles > plan.tiles) return KernelStatus::invalid("scan: strip_tiles beyond its workspace");
-  const TileWorkspace& w = plan.tile_ws;
-  return launch_behind_zeroing(workspace, w.zeroed_bytes(), strip_tiles_kernel<Op, kLong>,
-                               dim3(static_cast<unsigned>(tiles * strips)), dim3(kStripBlock), 0,
-                               stream, op, s, reverse, plan.strips_per_outer,
-                               tile_slots<TotalOf<Op>>(workspace, w));
+  return launch_ticketed_tiles<TotalOf<Op>>(
+      strip_tiles_kernel<Op, kLong>, dim3(static_cast<unsigned>(tiles * strips)),
+      dim3(kStripBlock), workspace, plan.tile_ws, stream, op, s, reverse, plan.strips_per_outer);
 }
 
 // Long tiles where the op takes them and there are at least three for
@@ -161,7 +161,8 @@ KernelStatus launch_strip_tiles_of(const Op& op, const ScanShape& s, const ScanP
 // strips, 48 long tiles) 17.5 -> 20.3.
 template <typename Op>
 KernelStatus launch_strip_tiles(const Op& op, const ScanShape& s, const ScanPlan& plan,
-                                bool reverse, void* workspace, cudaStream_t stream) {
+                                bool reverse, const ScanWorkspace& workspace,
+                                cudaStream_t stream) {
   if constexpr (kLongStripTiles<Op>) {
     const int64_t long_tiles = s.outer * plan.strips_per_outer *
                                ceil_div(s.len, kStripTileLen<Op, true>);
