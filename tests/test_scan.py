@@ -1463,6 +1463,32 @@ def test_staged_rows_standing_slots_back_to_back_on_cuda():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_long_rows_share_standing_slots_with_staged_rows_on_cuda():
+    """Outside graph capture, long_rows keeps its ticket counter and flagged
+    states in the same standing slots as the staged long rows (a stream's
+    buffer of flagged words), the counter set back to zero by each call's
+    last ticket. Rows an odd number of elements long take long_rows, even
+    ones the staged kernel; calls of both, queued with no sync between them
+    on two new streams at once (the second in the opposite order), with
+    slots that outgrow a stream's first buffer, must each be bit-identical
+    to the same call made alone."""
+    g = torch.Generator(device="cuda").manual_seed(31)
+    calls = []
+    # [1, 8M + 1] float32 has 4097 tiles of 2048 and their 129 groups: more
+    # than a stream's first 64 KiB of slots.
+    for n in [(1 << 20) + 1, 1 << 20, (1 << 23) + 1, 1 << 18]:
+        for dtype in (torch.bfloat16, torch.float32):
+            for k, name in enumerate(("logcumsumexp", "cummax", "cumsum")):
+                x = torch.randn((2, n) if n < 1 << 22 else (1, n), generator=g, device="cuda",
+                                dtype=dtype)
+                calls.append((name, x, -1, k % 2 == 1))
+    assert all(bt.scan_path(x, -1) == "long_rows" for _, x, _, _ in calls)
+    assert_two_streams_match_alone(calls)
+    for name, x, dim, reverse in calls[::5]:
+        check(name, x, dim, reverse)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_tile_paths_standing_slots_back_to_back_on_cuda():
     """Outside graph capture, column_tiles and strip_tiles keep their ticket
     counter and ready flags in slots each stream holds from call to call:
@@ -1492,16 +1518,15 @@ def test_tile_paths_standing_slots_back_to_back_on_cuda():
         check(name, x, dim, reverse)
 
 
-# The paths whose workspace is zeroed by a kernel launched ahead of theirs
-# (long_rows; column_tiles and strip_tiles where the stream has no standing
-# slots, as in graph capture): on compute capability 9.0 and up both kernels
-# launch programmatically, each allowed to start before the one ahead ends.
-# Outside capture, column_tiles and strip_tiles take standing slots, with
-# no zeroing, and launch programmatically behind whatever came before.
-# long_rows here for logcumsumexp and cummax (rows of aligned starts take
-# the staged kernel, with a memset, for cumsum, logcumsumexp and float32
-# cummax: these rows are an odd number of elements long), column_tiles and
-# strip_tiles for cumsum along dim 0.
+# The paths that hand states from block to block behind ready marks in
+# slots: outside graph capture the stream's standing slots, with no
+# zeroing, the kernel launched programmatically behind whatever came
+# before (on compute capability 9.0 and up); during capture a workspace
+# zeroed by a kernel launched ahead, both launches programmatic, each
+# allowed to start before the one ahead ends. long_rows here for
+# logcumsumexp and cummax (rows of aligned starts take the staged kernel
+# for cumsum, logcumsumexp and float32 cummax: these rows are an odd number
+# of elements long), column_tiles and strip_tiles for cumsum along dim 0.
 WORKSPACE_CASES = [("logcumsumexp", (2, (1 << 20) + 1), 1, "long_rows"),
                    ("cummax", (2, (1 << 20) + 1), 1, "long_rows"),
                    ("cumsum", (1100, 7), 0, "column_tiles"),

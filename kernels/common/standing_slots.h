@@ -155,21 +155,16 @@ inline bool lease(cudaStream_t stream, StandingKind kind, int64_t marked, int64_
 
 }  // namespace standing_detail
 
-// At least `bytes` of standing flagged words for `stream` on the current
-// device, and a fresh 64-bit mark, in `lease`; false where there are none
-// (see above).
-inline bool lease_standing_slots(cudaStream_t stream, int64_t bytes, StandingLease& lease) {
-  return standing_detail::lease(stream, StandingKind::kFlaggedWords, bytes, 0, ~uint64_t{0},
-                                lease);
-}
-
-// Standing slots of ticketed tiles for `stream` on the current device: at
-// least `marked` bytes for the counter and flags, `states` for the states,
-// and a fresh 32-bit mark, in `lease`; false where there are none.
-inline bool lease_standing_tile_slots(cudaStream_t stream, int64_t marked, int64_t states,
-                                      StandingLease& lease) {
-  return standing_detail::lease(stream, StandingKind::kTicketedTiles, marked, states,
-                                uint64_t{0xffffffffu}, lease);
+// Standing slots of `kind` for `stream` on the current device, with room
+// for `marked` bytes (for flagged words, all of them) and `states` bytes
+// after them (ticketed tiles), and a fresh mark (64-bit for flagged words,
+// 32-bit for ticketed tiles), in `lease`; false where there are none (see
+// above).
+inline bool lease_standing_slots(cudaStream_t stream, StandingKind kind, int64_t marked,
+                                 int64_t states, StandingLease& lease) {
+  const uint64_t max_mark =
+      kind == StandingKind::kTicketedTiles ? uint64_t{0xffffffffu} : ~uint64_t{0};
+  return standing_detail::lease(stream, kind, marked, states, max_mark, lease);
 }
 
 }  // namespace baracuda

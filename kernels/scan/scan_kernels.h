@@ -36,6 +36,12 @@ struct ScanWorkspace {
     if (ptr == nullptr && allocate != nullptr && bytes > 0) ptr = allocate(owner, bytes);
     return ptr;
   }
+  // get() in `words`; false, with `st` saying so, where there is none.
+  bool take(void*& words, KernelStatus& st) const {
+    words = get();
+    if (words == nullptr) st = KernelStatus::invalid("scan: this shape needs a workspace");
+    return words != nullptr;
+  }
 };
 
 // y = scan(x) along the axis; reverse scans from the last element to the

@@ -38,6 +38,7 @@
 #include "common/hopper.cuh"
 #include "common/zeroed_launch.cuh"
 #include "scan/scan_block.cuh"
+#include "scan/scan_kernels.h"
 #include "scan/scan_ops.h"
 #include "scan/scan_plan.h"
 
@@ -298,8 +299,8 @@ __global__ void __launch_bounds__(kScanBlock)
 // dy, indices and dx 16-byte aligned and every row starting so. Returns
 // false, launching nothing, where they do not.
 template <typename Op>
-bool launch_keyed_rows(const Op& op, const ScanShape& s, bool reverse, void* workspace,
-                       cudaStream_t stream, KernelStatus& st) {
+bool launch_keyed_rows(const Op& op, const ScanShape& s, bool reverse,
+                       const ScanWorkspace& workspace, cudaStream_t stream, KernelStatus& st) {
   if constexpr (IsExtremeBackward<Op>::value) {
     static_assert(sizeof(KeyedRecordOf<Op>) <= kFlaggedSlotBytes,
                   "a record fits the long_rows slot of a tile of kTileLen");
@@ -309,7 +310,9 @@ bool launch_keyed_rows(const Op& op, const ScanShape& s, bool reverse, void* wor
       return false;
     }
     const int64_t tiles = ceil_div(s.len, kKeyedTileLen);
-    auto* records = static_cast<KeyedRecordOf<Op>*>(workspace);
+    void* words = nullptr;
+    if (!workspace.take(words, st)) return true;
+    auto* records = static_cast<KeyedRecordOf<Op>*>(words);
     const auto launch_both = [&](auto tiles_kernel, auto fixup_kernel) {
       const unsigned grid = static_cast<unsigned>(s.outer * tiles);
       tiles_kernel<<<grid, kScanBlock, 0, stream>>>(op, s.len, tiles, records);

@@ -39,7 +39,7 @@
 #include "scan/scan_staged_swizzled_runs.cuh"
 #include "scan/scan_strip_tiles.cuh"
 #include "scan/scan_strips.cuh"
-#include "scan/scan_ticketed_launch.cuh"
+#include "scan/scan_slots_launch.cuh"
 #include "scan/scan_warp_rows.cuh"
 
 namespace baracuda {
@@ -226,16 +226,38 @@ constexpr int kLongRowsBlocksPerSm =
     : kLeanLongRows<Op>                                                                        ? 4
                                                                                                : 0;
 
+// long_rows' slots, and the mark that says a slot's state is out.
+template <typename Total>
+struct MarkedLongRowsSlots {
+  LongRowsSlots<Total> at;
+  uint64_t mark;
+};
+
+// The ops whose long_rows take the stream's standing slots: all but
+// float64 cummax / cummin forward (cummin not measured: the same kernel
+// with the other comparison), which ran slower on them (H200, device
+// only, cummax forward on rows of odd length: [2, 1048577] 55.6 -> 67.1
+// us, [1, 8388609] 188.2 -> 234.5), while the other float64 ops ran
+// faster (logcumsumexp forward 46.3 -> 41.8 and 174.3 -> 157.4; the
+// float32 and bfloat16 ops 0.3-1.1 us on the multi-row shape;
+// benchmarks/RESULTS.md). Those keep the zeroed workspace, and compile to
+// the constant mark they had before marks.
+template <typename Op>
+constexpr bool kLongRowsStanding =
+    !(IsExtremeForward<Op>::value && sizeof(typename Op::Storage) == 8);
+
 template <typename Op>
 __global__ void __launch_bounds__(kScanBlock, kLongRowsBlocksPerSm<Op>)
     long_rows_kernel(Op op, int64_t len, bool reverse, int64_t tiles, int64_t groups,
-                     LongRowsSlots<TotalOf<Op>> ws) {
+                     MarkedLongRowsSlots<TotalOf<Op>> slots) {
   using Total = TotalOf<Op>;
+  const LongRowsSlots<Total>& ws = slots.at;
+  const uint64_t mark = kLongRowsStanding<Op> ? slots.mark : kZeroedSlotsMark;
   constexpr int kChunks = kLongChunks<Op>;
   const TotalsOf<Op> totals = totals_of(op);
   __shared__ LongRowsShared<Op> shared;
-  grid_dependency_wait();  // for the zeroed workspace (launch_behind_zeroing)
-  const int64_t ticket = take_ticket(ws.counter);
+  grid_dependency_wait();  // for the slots (launch_on_slots)
+  const int64_t ticket = take_ticket_and_rewind(ws.counter);
   const int64_t row = ticket / tiles;
   const int64_t tile = ticket - row * tiles;
   const int64_t first = tile * kLongTileLen<Op>;
@@ -262,10 +284,10 @@ __global__ void __launch_bounds__(kScanBlock, kLongRowsBlocksPerSm<Op>)
   // Measurement only (results wrong): every tile scanned from the identity.
   __syncthreads();
   Total run = totals.identity();
-  (void)tile_total;
+  (void)tile_total, (void)mark;
 #else
   Total run = tile_prefix(totals, tile_total, ws.tile_totals + row * tiles,
-                          ws.group_totals + row * groups, tile, groups);
+                          ws.group_totals + row * groups, tile, groups, mark);
 #endif
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
@@ -276,16 +298,21 @@ __global__ void __launch_bounds__(kScanBlock, kLongRowsBlocksPerSm<Op>)
 }
 
 template <typename Op>
-KernelStatus launch_long_rows(const Op& op, const ScanShape& s, bool reverse, void* workspace,
-                              cudaStream_t stream) {
+KernelStatus launch_long_rows(const Op& op, const ScanShape& s, bool reverse,
+                              const ScanWorkspace& workspace, cudaStream_t stream) {
+  using Total = TotalOf<Op>;
   const int64_t tiles = ceil_div(s.len, kLongTileLen<Op>);
   const int64_t groups = ceil_div(tiles, kGroupTiles);
-  const LongRowsSlots<TotalOf<Op>> slots =
-      long_rows_slots<TotalOf<Op>>(workspace, s.outer, tiles, groups);
   const unsigned grid = static_cast<unsigned>(s.outer * tiles);
-  return launch_behind_zeroing(workspace, slots.bytes, long_rows_kernel<Op>, dim3(grid),
-                               dim3(kScanBlock), 0, stream, op, s.len, reverse, tiles, groups,
-                               slots);
+  return launch_on_slots(
+      StandingKind::kFlaggedWords, kLongRowsStanding<Op>,
+      long_rows_slot_bytes<Total>(s.outer, tiles, groups), 0, workspace,
+      [&](void* words, void*, uint64_t mark) {
+        return MarkedLongRowsSlots<Total>{long_rows_slots<Total>(words, s.outer, tiles, groups),
+                                          mark};
+      },
+      long_rows_kernel<Op>, dim3(grid), dim3(kScanBlock), stream, op, s.len, reverse, tiles,
+      groups);
 }
 
 // The staged tiles an op takes (scan_staged_rows.cuh): one array whole
@@ -337,12 +364,11 @@ KernelStatus launch_staged_tiles(const Tiles& tiles_of, int64_t rows,
   StandingLease lease;  // held until the launch is queued
   uint64_t mark = kZeroedSlotsMark;
   void* slot_words = nullptr;
-  if (lease_standing_slots(stream, slot_bytes, lease)) {
+  if (lease_standing_slots(stream, StandingKind::kFlaggedWords, slot_bytes, 0, lease)) {
     slot_words = lease.slots;
     mark = lease.mark;
   } else {
-    slot_words = workspace.get();
-    if (slot_words == nullptr) return KernelStatus::invalid("scan: this shape needs a workspace");
+    if (!workspace.take(slot_words, st)) return st;
     st = to_status(cudaMemsetAsync(slot_words, 0, static_cast<size_t>(slot_bytes), stream));
     if (!st.is_ok()) return st;
   }
@@ -529,8 +555,9 @@ KernelStatus launch_rows(const Op& op, const ScanShape& s, bool reverse,
 // is 4096 with a slot of at most 16). Returns false, launching nothing,
 // where they do not.
 template <typename Op>
-bool launch_segmented_rows(const Op& op, const ScanShape& s, bool reverse, void* workspace,
-                           int64_t workspace_bytes, cudaStream_t stream, KernelStatus& st) {
+bool launch_segmented_rows(const Op& op, const ScanShape& s, bool reverse,
+                           const ScanWorkspace& workspace, int64_t workspace_bytes,
+                           cudaStream_t stream, KernelStatus& st) {
   if constexpr (kSegmentedRowsApply<Op>) {
     using Total = TotalOf<Op>;
     const int64_t segments = s.len / kSegmentLen;
@@ -539,7 +566,9 @@ bool launch_segmented_rows(const Op& op, const ScanShape& s, bool reverse, void*
         view_rows * int64_t{sizeof(Total)} > workspace_bytes) {
       return false;
     }
-    Total* slots = static_cast<Total*>(workspace);
+    void* words = nullptr;
+    if (!workspace.take(words, st)) return true;
+    Total* slots = static_cast<Total*>(words);
     const SegmentLayout layout{segments, reverse};
     const unsigned grid = static_cast<unsigned>(std::min(view_rows, kMaxBlocks));
     segment_totals_kernel<<<grid, kScanBlock, 0, stream>>>(op, view_rows, layout, slots);
@@ -676,7 +705,7 @@ __global__ void __launch_bounds__(kColumnBlock)
                         int64_t blocks, TileSlots<StateOf<Op>> ws) {
   using State = StateOf<Op>;
   static_assert(kMaxColumnGroups + kGroupTiles <= kColumnBlock, "one waiting thread per flag");
-  grid_dependency_wait();  // for the slots (launch_ticketed_tiles)
+  grid_dependency_wait();  // for the slots (launch_on_slots)
   const int64_t ticket = take_ticket_and_rewind(ws.counter);
   const int64_t tile = ticket / blocks;
   const int64_t block = ticket - tile * blocks;
@@ -735,16 +764,6 @@ struct WidePositions<ValueIndex<Acc, int64_t>> : std::true_type {};
 template <typename Acc>
 struct WidePositions<KeyedSum<Acc, int64_t>> : std::true_type {};
 
-// The workspace `plan` sizes, where a launch that needs it takes it; false
-// (with st saying why) where there is none.
-inline bool take_workspace(const ScanWorkspace& workspace, const ScanPlan& plan, void*& ws,
-                           KernelStatus& st) {
-  ws = plan.workspace_bytes > 0 ? workspace.get() : nullptr;
-  if (ws != nullptr) return true;
-  st = KernelStatus::invalid("scan: this shape needs a workspace");
-  return false;
-}
-
 template <typename Op>
 KernelStatus launch(const Op& op, const ScanShape& s, bool reverse,
                     const ScanWorkspace& workspace, cudaStream_t stream) {
@@ -767,11 +786,11 @@ KernelStatus launch(const Op& op, const ScanShape& s, bool reverse,
     case ScanPath::kLongRows: {
       KernelStatus st = KernelStatus::ok();
       if (launch_staged_rows(op, s, reverse, workspace, stream, st)) return st;
-      void* ws = nullptr;
-      if (!take_workspace(workspace, plan, ws, st)) return st;
-      if (launch_keyed_rows(op, s, reverse, ws, stream, st)) return st;
-      if (launch_segmented_rows(op, s, reverse, ws, plan.workspace_bytes, stream, st)) return st;
-      return launch_long_rows(op, s, reverse, ws, stream);
+      if (launch_keyed_rows(op, s, reverse, workspace, stream, st)) return st;
+      if (launch_segmented_rows(op, s, reverse, workspace, plan.workspace_bytes, stream, st)) {
+        return st;
+      }
+      return launch_long_rows(op, s, reverse, workspace, stream);
     }
     case ScanPath::kColumnStrips:
       return launch_strips(with_late_runs(op), s, plan.strips_per_outer, reverse, stream);
@@ -805,7 +824,7 @@ KernelStatus launch(const Op& op, const ScanShape& s, bool reverse,
       }
       KernelStatus st = KernelStatus::ok();
       void* words = nullptr;
-      if (!take_workspace(workspace, plan, words, st)) return st;
+      if (!workspace.take(words, st)) return st;
       State* ws = static_cast<State*>(words);
       column_total_kernel<<<grid, kColumnBlock, 0, stream>>>(op, s, reverse, seg_len, ws);
       st = launch_status();

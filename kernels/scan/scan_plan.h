@@ -150,9 +150,11 @@ constexpr int64_t kMaxColumnGroups = 64;
 constexpr int64_t kMaxColumnTileWorkspace = int64_t(64) << 20;
 
 // Workspace of long_rows: the ticket counter, then a published state per tile
-// and per group (flagged words, scan_publish.cuh), all zeroed ahead of every
+// and per group (flagged words, scan_publish.cuh), all zeroed ahead of the
 // launch (by a kernel, common/zeroed_launch.cuh; the staged long rows by a
-// memset). A state of up to 16 bytes takes two 16-byte words.
+// memset), where the stream has no standing slots to take instead
+// (common/standing_slots.h). A state of up to 16 bytes takes two 16-byte
+// words.
 constexpr int64_t kLongRowsCounterBytes = 16;
 constexpr int64_t kFlaggedSlotBytes = 32;
 
@@ -160,7 +162,7 @@ constexpr int64_t kFlaggedSlotBytes = 32;
 // counter (16 bytes), the ready flags of tiles and of groups (uint32),
 // zeroed ahead of the launch, then the state slots of tiles and of groups:
 // a flag per tile and a slot per column. Where the stream has standing
-// slots (scan_ticketed_launch.cuh) the launch takes those instead.
+// slots (scan_slots_launch.cuh) the launch takes those instead.
 struct TileWorkspace {
   int64_t tile_flags = 0;
   int64_t group_flags = 0;

@@ -42,26 +42,12 @@ TileSlots<State> tile_slots(void* marked, void* states, const TileWorkspace& w,
   return t;
 }
 
-// A workspace of TileWorkspace's size whose marked part is zeroed ahead of
-// the launch.
-template <typename State>
-TileSlots<State> tile_slots(void* workspace, const TileWorkspace& w) {
-  return tile_slots<State>(workspace, static_cast<char*>(workspace) + w.zeroed_bytes(), w, 1u);
-}
-
 // The block's place in line. Tickets, not blockIdx, order the tiles: a block
 // waits only for smaller tickets, which belong to blocks already running, so
 // the waits cannot deadlock whatever order the hardware starts blocks in.
-__device__ inline int64_t take_ticket(unsigned long long* counter) {
-  __shared__ unsigned long long ticket;
-  if (threadIdx.x == 0) ticket = atomicAdd(counter, 1ull);
-  __syncthreads();
-  return static_cast<int64_t>(ticket);
-}
-
-// take_ticket for a counter that must be zero again when the launch ends
-// (standing slots: nothing zeroes it ahead of the next launch). The grid's
-// last ticket is taken after every other, so its block resets the counter.
+// The counter is zero again when the launch ends, as standing slots need
+// (nothing zeroes it ahead of the next launch): the grid's last ticket is
+// taken after every other, so its block sets it back.
 __device__ inline int64_t take_ticket_and_rewind(unsigned long long* counter) {
   __shared__ unsigned long long ticket;
   if (threadIdx.x == 0) {
@@ -222,7 +208,7 @@ struct LongRowsSlots {
   unsigned long long* counter;
   FlaggedState<State>* tile_totals;   // [rows][tiles]
   FlaggedState<State>* group_totals;  // [rows][groups]
-  int64_t bytes;                      // all of it, zeroed before the launch
+  int64_t bytes;                      // all of it: zeros and marks alone
 };
 
 template <typename State>
@@ -418,7 +404,7 @@ template <typename Op>
 __device__ StateOf<Op> tile_prefix(const Op& op, const StateOf<Op>& tile_total,
                                    FlaggedState<StateOf<Op>>* row_tiles,
                                    FlaggedState<StateOf<Op>>* row_groups, int64_t tile,
-                                   int64_t groups) {
+                                   int64_t groups, uint64_t mark) {
   using State = StateOf<Op>;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -426,14 +412,14 @@ __device__ StateOf<Op> tile_prefix(const Op& op, const StateOf<Op>& tile_total,
   const int64_t group_first = group * kGroupTiles;
   State v;
   if (warp == 0) {
-    if (lane == 0) publish_flagged(row_tiles + tile, tile_total);
+    if (lane == 0) publish_flagged(row_tiles + tile, tile_total, mark);
     const int64_t earlier = tile - group_first;
-    v = fold_group_tiles(op, row_tiles + group_first, earlier);
+    v = fold_group_tiles(op, row_tiles + group_first, earlier, mark);
     if (earlier == kGroupTiles - 1 && group + 1 < groups && lane == 0) {
-      publish_flagged(row_groups + group, op.combine(v, tile_total));
+      publish_flagged(row_groups + group, op.combine(v, tile_total), mark);
     }
   } else {
-    v = fold_warp(op, fold_earlier_groups(op, row_groups, group));
+    v = fold_warp(op, fold_earlier_groups(op, row_groups, group, mark));
   }
   return join_prefix_folds(op, v);
 }

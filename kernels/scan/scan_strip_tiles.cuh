@@ -20,7 +20,7 @@
 #include "scan/scan_plan.h"
 #include "scan/scan_publish.cuh"
 #include "scan/scan_strips.cuh"
-#include "scan/scan_ticketed_launch.cuh"
+#include "scan/scan_slots_launch.cuh"
 
 namespace baracuda {
 namespace scan {
@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(kStripBlock, kStripTileBlocksPerSm<Op, kLong>)
   // Where only the last warp folds every total (kFoldEarlierWarpsOnly) it
   // leaves the next step's carry here; a tile has no next step.
   __shared__ Total next_carry[kStripWidth];
-  grid_dependency_wait();  // for the slots (launch_ticketed_tiles)
+  grid_dependency_wait();  // for the slots (launch_on_slots)
   const int64_t strips = s.outer * strips_per_outer;
   const int64_t ticket = take_ticket_and_rewind(ws.counter);
   const int64_t tile = ticket / strips;
