@@ -10,17 +10,19 @@
 //
 // Two kinds, a buffer each per stream, so that no launch of one kind reads
 // a mark where a launch of the other left arbitrary bytes:
-//  - flagged words (the staged long rows, scan_publish.cuh): 16-byte words,
-//    each a 64-bit mark beside 8 bytes of state, so that every word is
-//    either zero or carries the mark of the launch that wrote it.
+//  - flagged words (long_rows, staged or not, scan_publish.cuh): a ticket
+//    counter, then 16-byte words, each a 64-bit mark beside 8 bytes of
+//    state, so that every word is either zero or carries the mark of the
+//    launch that wrote it.
 //  - ticketed tiles (column_tiles, strip_tiles): a ticket counter and
 //    32-bit ready flags in a marked part, which holds nothing but zeros,
 //    marks and the counter, and the states they guard in a part of their
 //    own after it, which holds anything. The parts grow apart, so that a
 //    launch's flags never lie where an earlier launch of another shape put
-//    states. The counter is back at zero when a launch ends (its last
-//    ticket sets it so). Marks of 32 bits run out: before the first that
-//    would not fit, the marked part is zeroed again and marks restart at 1.
+//    states. Marks of 32 bits run out: before the first that would not
+//    fit, the marked part is zeroed again and marks restart at 1.
+// Either kind's counter is back at zero when a launch ends: its last
+// ticket sets it so (scan_publish.cuh's take_ticket_and_rewind).
 //
 // One buffer per (device, stream, kind), leased under a lock held until the
 // lease ends: the caller launches while it holds the lease, so the buffer
