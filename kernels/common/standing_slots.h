@@ -75,7 +75,8 @@ struct Buffer {
 
 struct Table {
   std::mutex mutex;
-  std::map<std::tuple<int, unsigned long long, StandingKind>, Buffer> of;  // (device, stream id, kind)
+  // (device, stream id, kind)
+  std::map<std::tuple<int, unsigned long long, StandingKind>, Buffer> of;
 };
 
 inline Table& table() {

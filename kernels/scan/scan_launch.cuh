@@ -239,7 +239,7 @@ struct MarkedLongRowsSlots {
 // only, cummax forward on rows of odd length: [2, 1048577] 55.6 -> 67.1
 // us, [1, 8388609] 188.2 -> 234.5), while the other float64 ops ran
 // faster (logcumsumexp forward 46.3 -> 41.8 and 174.3 -> 157.4; the
-// float32 and bfloat16 ops 0.3-1.1 us on the multi-row shape;
+// float32 and bfloat16 ops 0.2-1.1 us on the multi-row shapes;
 // benchmarks/RESULTS.md). Those keep the zeroed workspace, and compile to
 // the constant mark they had before marks.
 template <typename Op>

@@ -112,8 +112,7 @@ union StateWords {
 constexpr uint64_t kZeroedSlotsMark = 1;
 
 template <typename State>
-__device__ void publish_flagged(FlaggedState<State>* slot, const State& value,
-                                uint64_t mark = kZeroedSlotsMark) {
+__device__ void publish_flagged(FlaggedState<State>* slot, const State& value, uint64_t mark) {
   StateWords<State> v;
   v.state = value;
   const unsigned int mark_lo = static_cast<unsigned int>(mark);
@@ -138,8 +137,8 @@ __device__ bool unpack_flagged(const uint4 (&words)[FlaggedState<State>::kWords]
     v.u[2 * w] = words[w].z;
     v.u[2 * w + 1] = words[w].w;
     // Zeroed slots hold no mark but 1, so there the low half alone decides
-    // (where the mark is that constant, as in long_rows, the test compiles
-    // to what it was before marks).
+    // (where the mark is that constant, as in float64 cummax / cummin
+    // forward's long_rows, the test compiles to what it was before marks).
     ready &= mark == kZeroedSlotsMark ? lo != 0u : (uint64_t{hi} << 32 | lo) == mark;
   }
   out = v.state;
@@ -161,8 +160,7 @@ __device__ void load_flagged_words(const FlaggedState<State>* slot, FlaggedState
 
 // One attempt: true, with the state in `out`, if it is out.
 template <typename State>
-__device__ bool try_read_flagged(const FlaggedState<State>* slot, State& out,
-                                 uint64_t mark = kZeroedSlotsMark) {
+__device__ bool try_read_flagged(const FlaggedState<State>* slot, State& out, uint64_t mark) {
   FlaggedState<State> words;
   load_flagged_words(slot, words);
   return unpack_flagged(words.words, out, mark);
@@ -259,8 +257,7 @@ __device__ StateOf<Op> fold_published_onto(const Op& op, StateOf<Op> acc,
 
 template <typename Op, int kBatch = 2>
 __device__ StateOf<Op> fold_published(const Op& op, const FlaggedState<StateOf<Op>>* slots,
-                                      int64_t begin, int64_t end,
-                                      uint64_t mark = kZeroedSlotsMark) {
+                                      int64_t begin, int64_t end, uint64_t mark) {
   return fold_published_onto<Op, kBatch>(op, op.identity(), slots, begin, end, mark);
 }
 
@@ -288,7 +285,7 @@ __device__ StateOf<Op> fold_warp(const Op& op, const StateOf<Op>& v) {
 // warp 0 only: a lane a tile, every lane waiting for its tile's total.
 template <typename Op>
 __device__ StateOf<Op> fold_group_tiles(const Op& op, const FlaggedState<StateOf<Op>>* group_tiles,
-                                        int64_t count, uint64_t mark = kZeroedSlotsMark) {
+                                        int64_t count, uint64_t mark) {
   static_assert(kGroupTiles == 32, "warp 0 reads a group's tiles, a lane each");
   const int lane = threadIdx.x % 32;
   StateOf<Op> v = op.identity();
@@ -317,7 +314,7 @@ __device__ inline SlotRange earlier_groups_of_thread(int64_t group) {
 template <typename Op>
 __device__ StateOf<Op> fold_earlier_groups(const Op& op,
                                            const FlaggedState<StateOf<Op>>* row_groups,
-                                           int64_t group, uint64_t mark = kZeroedSlotsMark) {
+                                           int64_t group, uint64_t mark) {
   const SlotRange r = earlier_groups_of_thread(group);
   return fold_published(op, row_groups, r.begin, r.end, mark);
 }
