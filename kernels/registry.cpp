@@ -78,6 +78,11 @@ TORCH_LIBRARY(baracuda, m) {
         {at::Tag::pt2_compliant_tag});
   // Which CUDA path a scan of x along dim takes (for tests and tuning).
   m.def("scan_path(Tensor x, int dim) -> str");
+  // For tests: leaves marks_left fresh marks to the standing slots of the
+  // current stream of like's device, so that the wrap, which otherwise takes
+  // 2^32 - 1 calls on one stream, comes after marks_left calls. Returns how
+  // many of the stream's buffers it found.
+  m.def("_scan_standing_marks_left(Tensor like, int marks_left) -> int");
 
   // ---- fractional max pooling, 2-D and 3-D (len(kernel_size) spatial axes) ----
   // x: [C, spatial...] or [N, C, spatial...]; samples [N (1 unbatched), C, dims]

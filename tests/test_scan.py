@@ -1518,6 +1518,54 @@ def test_tile_paths_standing_slots_back_to_back_on_cuda():
         check(name, x, dim, reverse)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_standing_slots_marks_wrap_on_cuda():
+    """When a stream's standing slots run out of marks (after 2^32 - 1 calls
+    for the tile paths' 32-bit flags), their marked part is zeroed and marks
+    restart at 1. The test hook brings the wrap near. Calls of every path on
+    standing slots cross it on one stream, each shape first taking marks 1
+    and 2 before the wrap and then again after it, on other data: were the
+    old flags left in place, a call after the wrap would read them as its
+    own and take a stale prefix. Every call must be bit-identical to the
+    same call made alone."""
+    g = torch.Generator(device="cuda").manual_seed(37)
+    shapes = [("cumsum", (2, 1 << 20), 1, "long_rows"),  # staged
+              ("logcumsumexp", (2, (1 << 20) + 1), 1, "long_rows"),
+              ("cumsum", (1100, 7), 0, "column_tiles"),
+              ("cummax", (1100, 1024), 0, "strip_tiles")]
+    assert all(bt.scan_path(torch.empty(shape, device="meta"), dim) == path
+               for _, shape, dim, path in shapes)
+
+    def calls():
+        return [(name, torch.randn(shape, generator=g, device="cuda"), dim)
+                for name, shape, dim, _ in shapes]
+
+    # Each kind of slots serves two of the shapes, so a round of the calls
+    # takes two marks of each kind, and the shapes take their marks in the
+    # same order every round.
+    rounds = [calls() for _ in range(4)]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    got = []
+    with torch.cuda.stream(stream):
+        for k, round_calls in enumerate(rounds):
+            if k == 1:  # marks 1 and 2 taken; then the last two, then 1 and 2 again
+                like = round_calls[0][1]
+                assert torch.ops.baracuda._scan_standing_marks_left(like, 2) == 2
+            got.append([ours(name, x, dim) for name, x, dim in round_calls])
+    torch.cuda.synchronize()
+    for round_calls, round_got in zip(rounds, got):
+        for (name, x, dim), out in zip(round_calls, round_got):
+            alone = ours(name, x, dim)
+            torch.cuda.synchronize()
+            for a, b in zip(outputs(out), outputs(alone)):
+                assert torch.equal(a, b), (name, tuple(x.shape))
+    for name, x, dim in rounds[-1]:
+        check(name, x, dim, False)
+    with pytest.raises(RuntimeError, match=r"_scan_standing_marks_left: marks_left=-1"):
+        torch.ops.baracuda._scan_standing_marks_left(rounds[0][0][1], -1)
+
+
 # The paths that hand states from block to block behind ready marks in
 # slots: outside graph capture the stream's standing slots, with no
 # zeroing, the kernel launched programmatically behind whatever came

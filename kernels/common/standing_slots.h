@@ -42,6 +42,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -90,6 +91,12 @@ inline int64_t rounded_bytes(int64_t bytes) {
   int64_t r = kMinStandingBytes;
   while (r < bytes) r *= 2;
   return r;
+}
+
+// The last mark a launch of `kind` may take: flags of 32 bits for ticketed
+// tiles, 64 for flagged words.
+inline uint64_t max_mark(StandingKind kind) {
+  return kind == StandingKind::kTicketedTiles ? uint64_t{0xffffffffu} : ~uint64_t{0};
 }
 
 // Replaces b's words by ones with room for `marked` and `states` bytes, the
@@ -165,9 +172,31 @@ inline bool lease(cudaStream_t stream, StandingKind kind, int64_t marked, int64_
 // above).
 inline bool lease_standing_slots(cudaStream_t stream, StandingKind kind, int64_t marked,
                                  int64_t states, StandingLease& lease) {
-  const uint64_t max_mark =
-      kind == StandingKind::kTicketedTiles ? uint64_t{0xffffffffu} : ~uint64_t{0};
-  return standing_detail::lease(stream, kind, marked, states, max_mark, lease);
+  return standing_detail::lease(stream, kind, marked, states, standing_detail::max_mark(kind),
+                                lease);
+}
+
+// For tests of the marks' wrap, which otherwise comes after 2^32 - 1 calls
+// on one stream: leaves `marks_left` fresh marks (at most 2^32 - 2) to each
+// existing buffer of `stream` on the current device, so that the call after
+// those zeroes the marked part and restarts at mark 1. Returns how many
+// buffers it found.
+inline int set_standing_marks_left(cudaStream_t stream, uint64_t marks_left) {
+  unsigned long long id = 0;
+  if (marks_left >= uint64_t{0xffffffffu} || cudaStreamGetId(stream, &id) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  standing_detail::Table& t = standing_detail::table();
+  const std::lock_guard<std::mutex> hold(t.mutex);
+  int found = 0;
+  for (StandingKind kind : {StandingKind::kFlaggedWords, StandingKind::kTicketedTiles}) {
+    const auto it = t.of.find(std::make_tuple(current_device(), id, kind));
+    if (it == t.of.end()) continue;
+    it->second.last_mark = standing_detail::max_mark(kind) - marks_left;
+    ++found;
+  }
+  return found;
 }
 
 }  // namespace baracuda

@@ -4,6 +4,7 @@
 #include <cuda_fp16.h>
 
 #include "common/float_dtype.h"
+#include "common/standing_slots.h"
 #include "scan/scan_cuda_parts.h"
 #include "scan/scan_kernels.h"
 
@@ -24,6 +25,10 @@ KernelStatus scan_forward_cuda(const ScanForwardArgs& args, void* stream) {
 }
 KernelStatus scan_backward_cuda(const ScanBackwardArgs& args, void* stream) {
   return scan_on_device(args, stream);
+}
+int scan_standing_marks_left_cuda(void* stream, int64_t marks_left) {
+  return set_standing_marks_left(static_cast<cudaStream_t>(stream),
+                                 static_cast<uint64_t>(marks_left));
 }
 
 }  // namespace baracuda

@@ -80,6 +80,11 @@ struct ScanBackwardArgs {
 KernelStatus scan_forward_cuda(const ScanForwardArgs& args, void* stream);
 KernelStatus scan_backward_cuda(const ScanBackwardArgs& args, void* stream);
 
+// Leaves `marks_left` (below 2^32 - 1) fresh marks to each standing slots
+// buffer `stream` has on the current device, for tests of the marks' wrap
+// (common/standing_slots.h); returns how many buffers it found.
+int scan_standing_marks_left_cuda(void* stream, int64_t marks_left);
+
 // Host versions for float32 and float64 (the op layer upcasts half types).
 // The _lines forms scan only lines [first, last) of the shape's outer * inner
 // lines (line o * inner + i is the axis at outer index o, inner index i),

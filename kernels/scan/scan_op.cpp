@@ -5,6 +5,8 @@
 //   cummax / cummin(x, dim, reverse)                  -> (values, indices)
 //   scan_backward(grad, x?, y?, indices?, dim, kind, reverse) -> dx
 //   scan_path(x, dim)                                  which CUDA path a scan takes
+//   _scan_standing_marks_left(like, marks_left)        brings the standing slots'
+//                                                      marks near their wrap (tests)
 //
 // Inputs are made contiguous (a copy only when they are not); outputs are
 // contiguous. Integer and bool inputs are rejected: cast to a float type.
@@ -244,6 +246,16 @@ std::string scan_path(const at::Tensor& x, int64_t dim) {
   return scan_path_name(plan_scan(scan_shape("scan_path", x, dim)).path);
 }
 
+#ifdef BARACUDA_WITH_CUDA
+int64_t scan_standing_marks_left(const at::Tensor& like, int64_t marks_left) {
+  TORCH_CHECK(marks_left >= 0 && marks_left < int64_t{0xffffffff},
+              "baracuda::_scan_standing_marks_left: marks_left=", marks_left,
+              " must be in [0, 2^32 - 2]");
+  const c10::DeviceGuard guard(like.device());
+  return scan_standing_marks_left_cuda(current_cuda_stream(like), marks_left);
+}
+#endif
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(baracuda, CPU, m) {
@@ -263,6 +275,7 @@ TORCH_LIBRARY_IMPL(baracuda, CUDA, m) {
   m.impl("cummax", &cummax);
   m.impl("cummin", &cummin);
   m.impl("scan_backward", &scan_backward);
+  m.impl("_scan_standing_marks_left", &scan_standing_marks_left);
 }
 #endif
 
