@@ -1475,10 +1475,13 @@ def test_long_rows_share_standing_slots_with_staged_rows_on_cuda():
     g = torch.Generator(device="cuda").manual_seed(31)
     calls = []
     # [1, 8M + 1] float32 has 4097 tiles of 2048 and their 129 groups: more
-    # than a stream's first 64 KiB of slots.
+    # than a stream's first 64 KiB of slots. Float64 cummax / cummin forward
+    # read their marks compared whole, the other ops by the zeroed-slots test.
     for n in [(1 << 20) + 1, 1 << 20, (1 << 23) + 1, 1 << 18]:
-        for dtype in (torch.bfloat16, torch.float32):
-            for k, name in enumerate(("logcumsumexp", "cummax", "cumsum")):
+        for dtype in (torch.bfloat16, torch.float32, torch.float64):
+            names = ("cummax", "cummin") if dtype == torch.float64 else ("logcumsumexp", "cummax",
+                                                                         "cumsum")
+            for k, name in enumerate(names):
                 x = torch.randn((2, n) if n < 1 << 22 else (1, n), generator=g, device="cuda",
                                 dtype=dtype)
                 calls.append((name, x, -1, k % 2 == 1))
@@ -1572,25 +1575,27 @@ def test_standing_slots_marks_wrap_on_cuda():
 # before (on compute capability 9.0 and up); during capture a workspace
 # zeroed by a kernel launched ahead, both launches programmatic, each
 # allowed to start before the one ahead ends. long_rows here for
-# logcumsumexp and cummax (rows of aligned starts take the staged kernel
-# for cumsum, logcumsumexp and float32 cummax: these rows are an odd number
-# of elements long), column_tiles and strip_tiles for cumsum along dim 0.
-WORKSPACE_CASES = [("logcumsumexp", (2, (1 << 20) + 1), 1, "long_rows"),
-                   ("cummax", (2, (1 << 20) + 1), 1, "long_rows"),
-                   ("cumsum", (1100, 7), 0, "column_tiles"),
-                   ("cumsum", (1100, 1024), 0, "strip_tiles")]
+# logcumsumexp, cummax and float64 cummin, whose marks are compared whole
+# (rows of aligned starts take the staged kernel for cumsum, logcumsumexp
+# and float32 cummax: these rows are an odd number of elements long),
+# column_tiles and strip_tiles for cumsum along dim 0.
+WORKSPACE_CASES = [("logcumsumexp", (2, (1 << 20) + 1), 1, "long_rows", torch.float32),
+                   ("cummax", (2, (1 << 20) + 1), 1, "long_rows", torch.float32),
+                   ("cummin", (2, (1 << 20) + 1), 1, "long_rows", torch.float64),
+                   ("cumsum", (1100, 7), 0, "column_tiles", torch.float32),
+                   ("cumsum", (1100, 1024), 0, "strip_tiles", torch.float32)]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("name,shape,dim,path", WORKSPACE_CASES, ids=str)
-def test_zeroed_workspace_paths_back_to_back_on_cuda(name, shape, dim, path):
+@pytest.mark.parametrize("name,shape,dim,path,dtype", WORKSPACE_CASES, ids=str)
+def test_zeroed_workspace_paths_back_to_back_on_cuda(name, shape, dim, path, dtype):
     """Calls queued back to back on one stream, with no sync between them:
     the caching allocator hands each call's workspace out again to the next,
     so a zeroing that ran before the previous kernel finished would corrupt
     that one's tickets and flags (a wrong result or a hang)."""
     assert bt.scan_path(torch.empty(shape, device="meta"), dim) == path
     g = torch.Generator(device="cuda").manual_seed(13)
-    xs = [torch.randn(shape, generator=g, device="cuda") for _ in range(12)]
+    xs = [torch.randn(shape, generator=g, device="cuda", dtype=dtype) for _ in range(12)]
     outs = [ours(name, x, dim, reverse=k % 2 == 1) for k, x in enumerate(xs)]
     torch.cuda.synchronize()
     for k, (x, out) in enumerate(zip(xs, outs)):
@@ -1602,10 +1607,10 @@ def test_zeroed_workspace_paths_back_to_back_on_cuda(name, shape, dim, path):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("name,shape,dim,path", WORKSPACE_CASES, ids=str)
-def test_zeroed_workspace_paths_in_cuda_graph(name, shape, dim, path):
+@pytest.mark.parametrize("name,shape,dim,path,dtype", WORKSPACE_CASES, ids=str)
+def test_zeroed_workspace_paths_in_cuda_graph(name, shape, dim, path, dtype):
     g = torch.Generator(device="cuda").manual_seed(17)
-    x = torch.randn(shape, generator=g, device="cuda")
+    x = torch.randn(shape, generator=g, device="cuda", dtype=dtype)
     torch.cuda.synchronize()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())

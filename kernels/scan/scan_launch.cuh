@@ -233,18 +233,13 @@ struct MarkedLongRowsSlots {
   uint64_t mark;
 };
 
-// The ops whose long_rows take the stream's standing slots: all but
-// float64 cummax / cummin forward (cummin not measured: the same kernel
-// with the other comparison), which ran slower on them (H200, device
-// only, cummax forward on rows of odd length: [2, 1048577] 55.6 -> 67.1
-// us, [1, 8388609] 188.2 -> 234.5), while the other float64 ops ran
-// faster (logcumsumexp forward 46.3 -> 41.8 and 174.3 -> 157.4; the
-// float32 and bfloat16 ops 0.2-1.1 us on the multi-row shapes;
-// benchmarks/RESULTS.md). Those keep the zeroed workspace, and compile to
-// the constant mark they had before marks.
+// The mark long_rows reads its slots by: compared whole for float64
+// cummax / cummin forward, which ran 21-25 % slower on the other kind
+// (scan_publish.cuh's WholeMark).
 template <typename Op>
-constexpr bool kLongRowsStanding =
-    !(IsExtremeForward<Op>::value && sizeof(typename Op::Storage) == 8);
+using LongRowsMarkOf =
+    std::conditional_t<IsExtremeForward<Op>::value && sizeof(typename Op::Storage) == 8,
+                       WholeMark, uint64_t>;
 
 template <typename Op>
 __global__ void __launch_bounds__(kScanBlock, kLongRowsBlocksPerSm<Op>)
@@ -252,7 +247,7 @@ __global__ void __launch_bounds__(kScanBlock, kLongRowsBlocksPerSm<Op>)
                      MarkedLongRowsSlots<TotalOf<Op>> slots) {
   using Total = TotalOf<Op>;
   const LongRowsSlots<Total>& ws = slots.at;
-  const uint64_t mark = kLongRowsStanding<Op> ? slots.mark : kZeroedSlotsMark;
+  const LongRowsMarkOf<Op> mark{slots.mark};
   constexpr int kChunks = kLongChunks<Op>;
   const TotalsOf<Op> totals = totals_of(op);
   __shared__ LongRowsShared<Op> shared;
@@ -305,8 +300,7 @@ KernelStatus launch_long_rows(const Op& op, const ScanShape& s, bool reverse,
   const int64_t groups = ceil_div(tiles, kGroupTiles);
   const unsigned grid = static_cast<unsigned>(s.outer * tiles);
   return launch_on_slots(
-      StandingKind::kFlaggedWords, kLongRowsStanding<Op>,
-      long_rows_slot_bytes<Total>(s.outer, tiles, groups), 0, workspace,
+      StandingKind::kFlaggedWords, long_rows_slot_bytes<Total>(s.outer, tiles, groups), 0, workspace,
       [&](void* words, void*, uint64_t mark) {
         return MarkedLongRowsSlots<Total>{long_rows_slots<Total>(words, s.outer, tiles, groups),
                                           mark};

@@ -30,15 +30,14 @@ namespace scan {
 // anything. The kernel takes its tickets by take_ticket_and_rewind, reads
 // as ready only what carries `mark`, and calls grid_dependency_wait before
 // it touches the slots: the launch may be programmatic, and the launch
-// ahead of it may be the last to use them. Without `standing`, always on
-// the zeroed workspace, with mark kZeroedSlotsMark.
+// ahead of it may be the last to use them.
 template <typename SlotsAt, typename... Params, typename... Args>
-KernelStatus launch_on_slots(StandingKind kind, bool standing, int64_t marked_bytes,
+KernelStatus launch_on_slots(StandingKind kind, int64_t marked_bytes,
                              int64_t state_bytes, const ScanWorkspace& workspace,
                              SlotsAt&& slots_at, void (*kernel)(Params...), dim3 grid,
                              dim3 block, cudaStream_t stream, Args&&... args) {
   StandingLease lease;  // held until the launch is queued
-  if (standing && lease_standing_slots(stream, kind, marked_bytes, state_bytes, lease)) {
+  if (lease_standing_slots(stream, kind, marked_bytes, state_bytes, lease)) {
     return launch_kernel(kernel, grid, block, 0, stream, kernel_compiled_for_sm90(kernel),
                          std::forward<Args>(args)...,
                          slots_at(lease.slots, lease.states, lease.mark));
@@ -59,7 +58,7 @@ KernelStatus launch_ticketed_tiles(void (*kernel)(Params...), dim3 grid, dim3 bl
                                    const ScanWorkspace& workspace, const TileWorkspace& w,
                                    cudaStream_t stream, Args&&... args) {
   return launch_on_slots(
-      StandingKind::kTicketedTiles, true, w.zeroed_bytes(), w.bytes() - w.zeroed_bytes(),
+      StandingKind::kTicketedTiles, w.zeroed_bytes(), w.bytes() - w.zeroed_bytes(),
       workspace,
       [&](void* marked, void* states, uint64_t mark) {
         return tile_slots<State>(marked, states, w, static_cast<unsigned int>(mark));
