@@ -300,7 +300,8 @@ KernelStatus launch_long_rows(const Op& op, const ScanShape& s, bool reverse,
   const int64_t groups = ceil_div(tiles, kGroupTiles);
   const unsigned grid = static_cast<unsigned>(s.outer * tiles);
   return launch_on_slots(
-      StandingKind::kFlaggedWords, long_rows_slot_bytes<Total>(s.outer, tiles, groups), 0, workspace,
+      StandingKind::kFlaggedWords, long_rows_slot_bytes<Total>(s.outer, tiles, groups), 0,
+      workspace,
       [&](void* words, void*, uint64_t mark) {
         return MarkedLongRowsSlots<Total>{long_rows_slots<Total>(words, s.outer, tiles, groups),
                                           mark};

@@ -21,8 +21,9 @@
 //              earlier groups' totals and of the earlier tiles of its own
 //              group -- the same association whatever the timing, so
 //              bit-identical run to run, and a tile only ever waits for tiles
-//              with smaller tickets (no deadlock). Or, for cumsum, cumprod, cumsum's backward and
-//              float32 / two-byte logcumsumexp forward on 16-byte aligned
+//              with smaller tickets (no deadlock). Or, for cumsum, cumprod,
+//              cumsum's backward and float32 / two-byte logcumsumexp
+//              forward on 16-byte aligned
 //              rows, on GPUs with the bulk copy engine
 //              (scan_staged_rows.cuh: the launcher's choice, same path
 //              name): persistent blocks stage 16 KiB tiles in shared memory

@@ -32,10 +32,10 @@ namespace scan {
 // it touches the slots: the launch may be programmatic, and the launch
 // ahead of it may be the last to use them.
 template <typename SlotsAt, typename... Params, typename... Args>
-KernelStatus launch_on_slots(StandingKind kind, int64_t marked_bytes,
-                             int64_t state_bytes, const ScanWorkspace& workspace,
-                             SlotsAt&& slots_at, void (*kernel)(Params...), dim3 grid,
-                             dim3 block, cudaStream_t stream, Args&&... args) {
+KernelStatus launch_on_slots(StandingKind kind, int64_t marked_bytes, int64_t state_bytes,
+                             const ScanWorkspace& workspace, SlotsAt&& slots_at,
+                             void (*kernel)(Params...), dim3 grid, dim3 block,
+                             cudaStream_t stream, Args&&... args) {
   StandingLease lease;  // held until the launch is queued
   if (lease_standing_slots(stream, kind, marked_bytes, state_bytes, lease)) {
     return launch_kernel(kernel, grid, block, 0, stream, kernel_compiled_for_sm90(kernel),
