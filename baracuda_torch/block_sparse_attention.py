@@ -27,8 +27,16 @@ lse               ``[B, H, Lq]``, natural log; float32 (float64 for float64 q)
 Dtypes: float16 / bfloat16 (tensor cores on CUDA, float32 accumulation),
 float32 and float64. Head dims up to 256; any strides. A query row that sees
 no key gets ``out = 0`` and ``lse = -inf`` -- the empty attention state, so
-results combine with :func:`baracuda_torch.merge_state` (``lse_base="e"``).
-Forward only for now: backward raises an error.
+results combine with :func:`baracuda_torch.merge_state` (``lse_base="e"``) --
+and zero gradients. A NaN in q, k or v reaches the outputs and gradients of
+every row that sees it, as with SDPA.
+
+Differentiable with respect to ``q``, ``k`` and ``v``, through ``out`` and
+through ``lse`` (so split-KV or context-parallel attention merged with
+``merge_state`` trains): one backward op,
+``torch.ops.baracuda.block_sparse_attention_backward``, deterministic (the
+same bits on every run, also under ``torch.use_deterministic_algorithms``).
+Double backward is not supported.
 """
 
 import math
@@ -36,6 +44,8 @@ from typing import Tuple, Union
 
 import torch
 from torch import Tensor
+
+from . import _no_grad_call
 
 _OPS = torch.ops.baracuda
 
@@ -84,7 +94,8 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, 
         >>> out = block_sparse_attention(q, k, v, m.cuda(), block_size=128, is_causal=True)
     """
     bq, bk = block_sizes(block_size)
-    out, lse = _OPS.block_sparse_attention.default(q, k, v, block_mask, bq, bk, scale, is_causal)
+    out, lse = _no_grad_call.call(_OPS.block_sparse_attention.default, (q, k, v),
+                                  q, k, v, block_mask, bq, bk, scale, is_causal)
     return (out, lse) if return_lse else out
 
 
@@ -131,13 +142,38 @@ def _block_sparse_attention_fake(q, k, v, block_mask, block_q, block_k, scale=No
 
 
 def _setup(ctx, inputs, output):
-    pass
+    q, k, v, block_mask, block_q, block_k, scale, is_causal = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, block_mask)
+    ctx.params = (block_q, block_k, scale, is_causal)
+    # An output the caller did not use (often lse) brings None, not zeros.
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, grad_out, grad_lse):
-    raise RuntimeError(
-        "baracuda::block_sparse_attention: the backward pass is not available yet; "
-        "run it under torch.no_grad() or on detached inputs")
+    q, k, v, out, lse, block_mask = ctx.saved_tensors
+    if grad_out is None and grad_lse is None:
+        return (None,) * 8
+    dq, dk, dv = _OPS.block_sparse_attention_backward.default(
+        grad_out, grad_lse, q, k, v, out, lse, block_mask, *ctx.params)
+    return dq, dk, dv, None, None, None, None, None
 
 
 torch.library.register_autograd("baracuda::block_sparse_attention", _backward, setup_context=_setup)
+
+
+@torch.library.register_fake("baracuda::block_sparse_attention_backward")
+def _block_sparse_attention_backward_fake(grad_out, grad_lse, q, k, v, out, lse, block_mask,
+                                          block_q, block_k, scale=None, is_causal=False):
+    return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
+            torch.empty(k.shape, dtype=k.dtype, device=k.device),
+            torch.empty(v.shape, dtype=v.dtype, device=v.device))
+
+
+def _no_double_backward(ctx, *grads):
+    raise RuntimeError("baracuda::block_sparse_attention_backward: double backward (a gradient "
+                       "of the gradient) is not supported")
+
+
+torch.library.register_autograd("baracuda::block_sparse_attention_backward", _no_double_backward,
+                                setup_context=lambda ctx, inputs, output: None)

@@ -47,12 +47,19 @@ TORCH_LIBRARY(baracuda, m) {
         "str lse_base) -> (Tensor, Tensor)",
         {at::Tag::pt2_compliant_tag});
 
-  // ---- block-sparse attention forward: only the key blocks the mask keeps ----
+  // ---- block-sparse attention: only the key blocks the mask keeps ----
   // block_mask: bool/uint8 [B or 1, H or 1, ceil(Lq/block_q), ceil(Lk/block_k)]
   // (or its last two axes flattened). scale=None: 1/sqrt(head_dim). Returns
   // (out [B, H, Lq, Dv], lse [B, H, Lq], natural log).
   m.def("block_sparse_attention(Tensor q, Tensor k, Tensor v, Tensor block_mask, int block_q, "
         "int block_k, float? scale=None, bool is_causal=False) -> (Tensor, Tensor)",
+        {at::Tag::pt2_compliant_tag});
+  // Its gradients with respect to q, k and v, from the forward's arguments
+  // and its saved out and lse. grad_out None: zeros (only lse was used);
+  // grad_lse None: no lse term. Deterministic.
+  m.def("block_sparse_attention_backward(Tensor? grad_out, Tensor? grad_lse, Tensor q, "
+        "Tensor k, Tensor v, Tensor out, Tensor lse, Tensor block_mask, int block_q, "
+        "int block_k, float? scale=None, bool is_causal=False) -> (Tensor, Tensor, Tensor)",
         {at::Tag::pt2_compliant_tag});
   // Which executor block_sparse_attention takes for these arguments (for tests).
   m.def("block_sparse_attention_path(Tensor q, Tensor k, Tensor v, Tensor block_mask, "

@@ -382,14 +382,6 @@ def test_cuda_graph_replays_agree(device):
         assert torch.equal(got, want)
 
 
-def test_backward_raises_clear_error(device):
-    q, k, v = inputs(1, 2, 2, 40, 40, 16, 16, torch.float32, device)
-    q.requires_grad_()
-    out = bt.block_sparse_attention(q, k, v, masks.causal(40, 40, 16, device=device), block_size=16)
-    with pytest.raises(RuntimeError, match="block_sparse_attention: the backward pass is not available"):
-        out.sum().backward()
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="peak memory is measured on CUDA")
 def test_memory_does_not_grow_with_lq_times_lk():
     L, D = 32768, 64

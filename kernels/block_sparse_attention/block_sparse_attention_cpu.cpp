@@ -27,36 +27,32 @@ void attend(const BlockSparseAttentionArgs& a) {
       const C* kbase = k + b * a.k_strides[0] + g * a.k_strides[1];
       const C* vbase = v + b * a.v_strides[0] + g * a.v_strides[1];
       for (int64_t i = 0; i < a.q_len; ++i) {
-        const int64_t qb = i / a.block_q;
-        const uint8_t* row = mask_row(a, b, h, qb);
         const C* qi = q + b * a.q_strides[0] + h * a.q_strides[1] + i * a.q_strides[2];
         for (int64_t d = 0; d < a.head_dim; ++d) qrow[d] = qi[d * a.q_strides[3]] * scale;
         std::fill(acc.begin(), acc.end(), C(0));
         C m = neg_inf, l = 0;
-        const int64_t key_end = visible_key_end(a, i);
-        for (int64_t kb = 0; kb * a.block_k < key_end; ++kb) {
-          if (!key_block_on(a, row, kb)) continue;
-          const int64_t j_end = std::min(key_end, (kb + 1) * a.block_k);
-          for (int64_t j = kb * a.block_k; j < j_end; ++j) {
-            const C* kj = kbase + j * a.k_strides[2];
-            C s = 0;
-            for (int64_t d = 0; d < a.head_dim; ++d) s += qrow[d] * kj[d * a.k_strides[3]];
-            // Online softmax: rescale what was accumulated when the max grows.
-            const C m_new = std::max(m, s);
-            const C corr = std::exp(m - m_new);  // 0 on the first key (m = -inf)
-            const C p = std::exp(s - m_new);
-            l = l * corr + p;
-            const C* vj = vbase + j * a.v_strides[2];
-            for (int64_t e = 0; e < a.v_dim; ++e) {
-              acc[e] = acc[e] * corr + p * vj[e * a.v_strides[3]];
-            }
-            m = m_new;
+        for_each_visible_key(a, b, h, i, [&](int64_t j) {
+          const C* kj = kbase + j * a.k_strides[2];
+          C s = 0;
+          for (int64_t d = 0; d < a.head_dim; ++d) s += qrow[d] * kj[d * a.k_strides[3]];
+          // Online softmax: rescale what was accumulated when the max grows.
+          const C m_new = std::max(m, s);
+          const C corr = std::exp(m - m_new);  // 0 on the first key (m = -inf)
+          const C p = std::exp(s - m_new);
+          l = l * corr + p;
+          const C* vj = vbase + j * a.v_strides[2];
+          for (int64_t e = 0; e < a.v_dim; ++e) {
+            acc[e] = acc[e] * corr + p * vj[e * a.v_strides[3]];
           }
-        }
+          m = m_new;
+        });
+        // Only a row that saw no key has l == 0 (the empty state); a NaN score
+        // leaves l NaN, which then reaches both outputs.
+        const bool empty = l == C(0);
         C* oi = out + b * a.out_strides[0] + h * a.out_strides[1] + i * a.out_strides[2];
-        for (int64_t e = 0; e < a.v_dim; ++e) oi[e * a.out_strides[3]] = l > 0 ? acc[e] / l : C(0);
+        for (int64_t e = 0; e < a.v_dim; ++e) oi[e * a.out_strides[3]] = empty ? C(0) : acc[e] / l;
         lse[b * a.lse_strides[0] + h * a.lse_strides[1] + i * a.lse_strides[2]] =
-            l > 0 ? m + std::log(l) : neg_inf;
+            empty ? neg_inf : m + std::log(l);
       }
     }
   }

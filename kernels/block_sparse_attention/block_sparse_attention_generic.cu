@@ -13,6 +13,7 @@
 #include "block_sparse_attention/block_sparse_attention_kernels.h"
 #include "common/compute_types.cuh"
 #include "common/cuda_launch.cuh"
+#include "common/warp_sum.cuh"
 
 namespace baracuda {
 namespace {
@@ -21,13 +22,6 @@ constexpr int kWarpsPerCta = 4;
 constexpr int kPerLane = 256 / 32;  // the largest head dim, spread over a warp
 constexpr double kLog2e = 1.4426950408889634;
 constexpr double kLn2 = 0.6931471805599453;
-
-template <typename C>
-__device__ inline C warp_sum(C x) {
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
-  return x;
-}
 
 template <typename T>
 __global__ void __launch_bounds__(kWarpsPerCta * 32)
@@ -84,16 +78,18 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32)
         m = m_new;
       }
     }
+    // Only a row that saw no key has l == 0: the empty state, lse = -inf. A
+    // NaN score leaves l NaN, which then reaches both outputs.
+    const bool empty = l == C(0);
     T* oi = static_cast<T*>(a.out) + b * a.out_strides[0] + h * a.out_strides[1] + i * a.out_strides[2];
 #pragma unroll
     for (int c = 0; c < kPerLane; ++c) {
       const int64_t e = lane + 32 * c;
-      if (e < a.v_dim) oi[e * a.out_strides[3]] = from_compute<T>(l > 0 ? acc[c] / l : C(0));
+      if (e < a.v_dim) oi[e * a.out_strides[3]] = from_compute<T>(empty ? C(0) : acc[c] / l);
     }
     if (lane == 0) {
-      // An empty row (l = 0) is the empty state: lse = -inf.
       static_cast<C*>(a.lse)[b * a.lse_strides[0] + h * a.lse_strides[1] + i * a.lse_strides[2]] =
-          l > 0 ? (m + log2(l)) * static_cast<C>(kLn2) : -static_cast<C>(INFINITY);
+          empty ? -static_cast<C>(INFINITY) : (m + log2(l)) * static_cast<C>(kLn2);
     }
   }
 }

@@ -43,6 +43,37 @@ struct BlockSparseAttentionArgs {
   int64_t mask_strides[4] = {};
 };
 
+// The backward pass of the same attention. With P = softmax of the visible
+// scores (P_ij = exp(scale <q_i, k_j> - lse_i)):
+//   dv_j = sum_i P_ij do_i
+//   dS_ij = P_ij (<do_i, v_j> - delta_i),  delta_i = <do_i, out_i> - dlse_i
+//   dq_i = scale sum_j dS_ij k_j,  dk_j = scale sum_i dS_ij q_i
+// summed, for dk and dv, over the query heads that share a key head. A row
+// that sees no key (lse = -inf) contributes nothing. `forward` holds q, k, v,
+// the mask and the shapes exactly as the forward call had them (its out and
+// lse pointers unused). On CUDA, block_sparse_attention_backward_rows_cuda
+// fills the per-row scratch (delta, lse_log2) before an executor runs.
+struct BlockSparseAttentionBackwardArgs {
+  BlockSparseAttentionArgs forward;
+  const void* grad_out = nullptr;   // [batch, heads, q_len, v_dim], q's dtype
+  const void* out = nullptr;        // the forward's output, same layout
+  const void* lse = nullptr;        // [batch, heads, q_len], the forward's (compute dtype)
+  const void* grad_lse = nullptr;   // same layout as lse, or nullptr (no lse gradient)
+  // Per-row scratch of the CUDA executors, [batch * heads, rows_stride] in
+  // the compute dtype (rows_stride >= q_len, a multiple of 128, so that a
+  // tile of rows never runs into the next head): delta, and lse in log2 units
+  // with +inf for a row that saw no key (so that 2^(s - lse) is 0 there);
+  // rows past q_len hold delta 0 and lse +inf.
+  void* delta = nullptr;
+  void* lse_log2 = nullptr;
+  int64_t rows_stride = 0;
+  void* grad_q = nullptr;           // contiguous [batch, heads, q_len, head_dim], q's dtype
+  void* grad_k = nullptr;           // contiguous [batch, kv_heads, k_len, head_dim]
+  void* grad_v = nullptr;           // contiguous [batch, kv_heads, k_len, v_dim]
+  int64_t grad_out_strides[4] = {}, out_strides[4] = {};
+  int64_t lse_strides[3] = {}, grad_lse_strides[3] = {};
+};
+
 // Which executor a call runs on.
 enum class AttentionPath : int { kHost, kCudaGeneric, kCudaTensorCore, kCudaHopper };
 
@@ -78,6 +109,19 @@ KernelStatus block_sparse_attention_tensor_core_cuda(const BlockSparseAttentionA
 // memory that must be zero when the kernel starts.
 KernelStatus block_sparse_attention_hopper_cuda(const BlockSparseAttentionArgs& a, int* work_counter,
                                                void* stream);
+// Backward executors: the host one (float32 / float64, the op layer upcasts
+// half types) and the generic CUDA one (any dtype, head dims up to 256, any
+// block sizes and strides). Both are deterministic: every gradient element
+// is written once, by one thread, summing in a fixed order. The host one
+// runs the key head groups [first_group, last_group) of the
+// batch * kv_heads groups (b, g), which write disjoint gradients.
+KernelStatus block_sparse_attention_backward_cpu(const BlockSparseAttentionBackwardArgs& a,
+                                                 int64_t first_group, int64_t last_group);
+KernelStatus block_sparse_attention_backward_generic_cuda(const BlockSparseAttentionBackwardArgs& a,
+                                                          void* stream);
+// Fills the per-row scratch (delta, lse_log2) the CUDA executors read.
+KernelStatus block_sparse_attention_backward_rows_cuda(const BlockSparseAttentionBackwardArgs& a,
+                                                       void* stream);
 // Whether the Hopper kernel can run on `device`: built for sm_90a, a compute
 // capability 9.x GPU, and a driver that encodes tensor maps.
 bool block_sparse_attention_hopper_available(int device);
@@ -103,6 +147,21 @@ BARACUDA_HOST_DEVICE inline const uint8_t* mask_row(const BlockSparseAttentionAr
 BARACUDA_HOST_DEVICE inline bool key_block_on(const BlockSparseAttentionArgs& a,
                                               const uint8_t* row, int64_t kb) {
   return row[kb * a.mask_strides[3]] != 0;
+}
+
+// Calls fn(j) for every key j visible to query row i of head h in batch b,
+// in increasing order: the keys of its mask row's blocks that are on, up to
+// the last visible key.
+template <typename Fn>
+BARACUDA_HOST_DEVICE inline void for_each_visible_key(const BlockSparseAttentionArgs& a, int64_t b,
+                                                      int64_t h, int64_t i, Fn&& fn) {
+  const uint8_t* row = mask_row(a, b, h, i / a.block_q);
+  const int64_t key_end = visible_key_end(a, i);
+  for (int64_t kb = 0; kb * a.block_k < key_end; ++kb) {
+    if (!key_block_on(a, row, kb)) continue;
+    const int64_t j_end = key_end < (kb + 1) * a.block_k ? key_end : (kb + 1) * a.block_k;
+    for (int64_t j = kb * a.block_k; j < j_end; ++j) fn(j);
+  }
 }
 
 }  // namespace baracuda

@@ -178,7 +178,10 @@ struct OnlineSoftmaxRows {
       l += __shfl_xor_sync(0xffffffffu, l, 2);
       const int64_t row = row_g + r * 8;
       if (row >= a.q_len) continue;
-      const float inv = l > 0.f ? 1.f / l : 0.f;
+      // Only a row that saw no key has l == 0 (the empty state, (0, -inf));
+      // a NaN score leaves l NaN, which then reaches out and lse.
+      const bool empty = l == 0.f;
+      const float inv = empty ? 0.f : 1.f / l;
       T* orow = og + row * a.out_strides[2];
 #pragma unroll
       for (int j = 0; j < OJ; ++j) {
@@ -186,7 +189,7 @@ struct OnlineSoftmaxRows {
             pack2<T>(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
       }
       if (t4 == 0) {
-        lg[row * a.lse_strides[2]] = l > 0.f ? (row_max[r] + log2f(l)) * kLn2 : -INFINITY;
+        lg[row * a.lse_strides[2]] = empty ? -INFINITY : (row_max[r] + log2f(l)) * kLn2;
       }
     }
   }

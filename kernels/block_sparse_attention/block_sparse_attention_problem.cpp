@@ -1,0 +1,148 @@
+// Validation and launcher arguments shared by block-sparse attention's
+// forward and backward op layers.
+#include "block_sparse_attention/block_sparse_attention_problem.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "common/torch_glue.h"
+
+namespace baracuda {
+namespace {
+
+constexpr int64_t kMaxHeadDim = 256;
+
+void check_input(const char* op, const char* name, const at::Tensor& t, const at::Tensor& q) {
+  TORCH_CHECK(t.layout() == at::kStrided, "baracuda::", op, ": ", name, " must be a strided tensor");
+  TORCH_CHECK(t.dim() == 4, "baracuda::", op, ": ", name, ".dim()=", t.dim(),
+              " must be 4 ([batch, heads, length, head_dim])");
+  TORCH_CHECK(t.scalar_type() == q.scalar_type(), "baracuda::", op, ": ", name, ".dtype=",
+              t.scalar_type(), " must equal q.dtype=", q.scalar_type());
+  TORCH_CHECK(t.device() == q.device(), "baracuda::", op, ": ", name, " is on ", t.device(),
+              " but q is on ", q.device());
+}
+
+// The mask as [mask_batch, mask_heads, num_q_blocks, num_k_blocks]; the
+// flattened [.., .., num_q_blocks * num_k_blocks] layout is reshaped.
+at::Tensor mask_as_4d(const char* op, const at::Tensor& mask, int64_t nbq, int64_t nbk) {
+  TORCH_CHECK(mask.scalar_type() == at::kBool || mask.scalar_type() == at::kByte, "baracuda::",
+              op, ": block_mask.dtype=", mask.scalar_type(), " must be bool or uint8");
+  TORCH_CHECK(mask.layout() == at::kStrided, "baracuda::", op, ": block_mask must be strided");
+  if (mask.dim() == 3) {
+    TORCH_CHECK(mask.size(2) == nbq * nbk, "baracuda::", op, ": block_mask.shape=", mask.sizes(),
+                " is flattened but its last axis is not num_q_blocks * num_k_blocks = ", nbq,
+                " * ", nbk, " = ", nbq * nbk);
+    return mask.reshape({mask.size(0), mask.size(1), nbq, nbk});
+  }
+  TORCH_CHECK(mask.dim() == 4, "baracuda::", op, ": block_mask.dim()=", mask.dim(),
+              " must be 4 ([batch or 1, heads or 1, num_q_blocks, num_k_blocks]) or 3 (flattened)");
+  return mask;
+}
+
+}  // namespace
+
+AttentionProblem validate_attention(const char* op, const at::Tensor& q, const at::Tensor& k,
+                                    const at::Tensor& v, const at::Tensor& block_mask,
+                                    int64_t block_q, int64_t block_k, c10::optional<double> scale,
+                                    bool causal) {
+  check_input(op, "q", q, q);
+  check_input(op, "k", k, q);
+  check_input(op, "v", v, q);
+  float_dtype_of(op, "q", q);
+  const int64_t B = q.size(0), H = q.size(1), Lq = q.size(2), D = q.size(3);
+  TORCH_CHECK(k.size(0) == B && v.size(0) == B, "baracuda::", op, ": batch sizes differ: q ",
+              B, ", k ", k.size(0), ", v ", v.size(0));
+  TORCH_CHECK(k.size(1) == v.size(1), "baracuda::", op, ": k has ", k.size(1),
+              " heads but v has ", v.size(1));
+  const int64_t Hkv = k.size(1);
+  TORCH_CHECK(Hkv > 0 ? H % Hkv == 0 : H == 0, "baracuda::", op, ": q has ", H,
+              " heads, not a multiple of the ", Hkv, " heads of k and v");
+  TORCH_CHECK(k.size(3) == D, "baracuda::", op, ": k.shape[-1]=", k.size(3),
+              " must equal q.shape[-1]=", D);
+  TORCH_CHECK(v.size(2) == k.size(2), "baracuda::", op, ": v.shape[2]=", v.size(2),
+              " must equal k.shape[2]=", k.size(2), " (one value per key)");
+  TORCH_CHECK(D >= 1 && D <= kMaxHeadDim, "baracuda::", op, ": head_dim=", D,
+              " must be in [1, ", kMaxHeadDim, "]");
+  TORCH_CHECK(v.size(3) >= 1 && v.size(3) <= kMaxHeadDim, "baracuda::", op, ": v.shape[-1]=",
+              v.size(3), " must be in [1, ", kMaxHeadDim, "]");
+  TORCH_CHECK(block_q > 0 && block_k > 0, "baracuda::", op, ": block_size=(", block_q, ", ",
+              block_k, ") must be positive");
+  TORCH_CHECK(!scale.has_value() || std::isfinite(*scale), "baracuda::", op, ": scale=",
+              scale.value_or(0.0), " must be finite");
+  TORCH_CHECK(block_mask.device() == q.device(), "baracuda::", op, ": block_mask is on ",
+              block_mask.device(), " but q is on ", q.device());
+  const int64_t nbq = (Lq + block_q - 1) / block_q, nbk = (k.size(2) + block_k - 1) / block_k;
+  at::Tensor mask = mask_as_4d(op, block_mask, nbq, nbk);
+  const bool batch_ok = mask.size(0) == B || mask.size(0) == 1;
+  const bool heads_ok = mask.size(1) == H || mask.size(1) == 1;
+  TORCH_CHECK(batch_ok && heads_ok && mask.size(2) == nbq && mask.size(3) == nbk, "baracuda::",
+              op, ": block_mask.shape=", mask.sizes(), " must be [", B, " or 1, ", H, " or 1, ",
+              nbq, ", ", nbk, "] (ceil(", Lq, " / ", block_q, ") query blocks, ceil(", k.size(2),
+              " / ", block_k, ") key blocks)");
+  return {q, k, v, mask, block_q, block_k, nbq, nbk,
+          scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(D)), causal};
+}
+
+BlockSparseAttentionArgs attention_args(const AttentionProblem& p, const at::Tensor& q,
+                                        const at::Tensor& k, const at::Tensor& v,
+                                        const at::Tensor& out, const at::Tensor& lse) {
+  BlockSparseAttentionArgs a;
+  a.dtype = float_dtype_of("block_sparse_attention", "q", q);
+  a.batch = q.size(0);
+  a.heads = q.size(1);
+  a.kv_heads = k.size(1);
+  a.q_len = q.size(2);
+  a.k_len = k.size(2);
+  a.head_dim = q.size(3);
+  a.v_dim = v.size(3);
+  a.block_q = p.block_q;
+  a.block_k = p.block_k;
+  a.num_q_blocks = p.num_q_blocks;
+  a.num_k_blocks = p.num_k_blocks;
+  a.scale = p.scale;
+  a.causal = p.causal;
+  a.q = q.const_data_ptr();
+  a.k = k.const_data_ptr();
+  a.v = v.const_data_ptr();
+  a.out = out.defined() ? out.data_ptr() : nullptr;
+  a.lse = lse.defined() ? lse.data_ptr() : nullptr;
+  a.mask = static_cast<const uint8_t*>(p.mask.const_data_ptr());
+  strides_of(a.q_strides, q);
+  strides_of(a.k_strides, k);
+  strides_of(a.v_strides, v);
+  strides_of(a.out_strides, out.defined() ? out : q);
+  strides_of(a.mask_strides, p.mask);
+  if (lse.defined()) strides_of(a.lse_strides, lse);
+  return a;
+}
+
+
+at::Tensor tensor_core_ready(const at::Tensor& t) {
+  const bool ok = t.stride(3) == 1 && reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0 &&
+                  (t.size(0) == 1 || t.stride(0) % 8 == 0) &&
+                  (t.size(1) == 1 || t.stride(1) % 8 == 0) &&
+                  (t.size(2) == 1 || (t.stride(2) % 8 == 0 && t.stride(2) != 0));
+  return ok ? t : t.clone(at::MemoryFormat::Contiguous);
+}
+
+bool tensor_core_shape(const AttentionProblem& p) {
+  const auto s = p.q.scalar_type();
+  const int64_t D = p.q.size(3);
+  return (s == at::kHalf || s == at::kBFloat16) && p.v.size(3) == D && (D == 64 || D == 128) &&
+         p.block_q % 64 == 0 && p.block_k % 64 == 0;
+}
+
+bool env_flag(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr && value[0] != '\0' && std::strcmp(value, "0") != 0;
+}
+
+at::ScalarType attention_lse_dtype(at::ScalarType t) {
+  return t == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+}  // namespace baracuda

@@ -1,0 +1,60 @@
+// The validated form of a block-sparse attention call, shared by the
+// forward and backward op layers: argument checks (with errors that name the
+// op and the value), the mask as a 4-D view, and the launcher arguments.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Optional.h>
+
+#include <cstdint>
+
+#include "block_sparse_attention/block_sparse_attention_kernels.h"
+
+namespace baracuda {
+
+// The lse dtype for inputs of dtype t: float32, float64 for float64 inputs.
+at::ScalarType attention_lse_dtype(at::ScalarType t);
+
+// A validated call: the inputs, and the mask as a 4-D view.
+struct AttentionProblem {
+  at::Tensor q, k, v, mask;
+  int64_t block_q, block_k, num_q_blocks, num_k_blocks;
+  double scale;
+  bool causal;
+};
+
+// Checks a call's arguments; `op` names the op in error messages.
+AttentionProblem validate_attention(const char* op, const at::Tensor& q, const at::Tensor& k,
+                                    const at::Tensor& v, const at::Tensor& block_mask,
+                                    int64_t block_q, int64_t block_k, c10::optional<double> scale,
+                                    bool causal);
+
+// Strides in elements, a size-1 axis as 0: that is how a broadcast mask axis
+// is read, and it keeps alignment tests independent of the (meaningless)
+// stride of an axis of one element.
+template <size_t N>
+void strides_of(int64_t (&out)[N], const at::Tensor& t) {
+  for (size_t d = 0; d < N; ++d) out[d] = t.size(d) == 1 ? 0 : t.stride(d);
+}
+
+// Launcher arguments for operands q, k, v (the problem's, or copies of
+// them) and outputs out, lse (either may be undefined).
+BlockSparseAttentionArgs attention_args(const AttentionProblem& p, const at::Tensor& q,
+                                        const at::Tensor& k, const at::Tensor& v,
+                                        const at::Tensor& out, const at::Tensor& lse);
+
+// The tensor-core kernels want unit inner strides and 16-byte aligned rows,
+// and distinct rows (the tensor copy engine cannot repeat one along the
+// sequence; repeated batches or heads are fine); a tensor that misses only
+// that is copied once into a fresh contiguous buffer.
+at::Tensor tensor_core_ready(const at::Tensor& t);
+
+// Whether the problem fits the tensor-core kernels apart from their layout
+// needs: float16 / bfloat16, head_dim == v_dim in {64, 128}, blocks that
+// are multiples of 64.
+bool tensor_core_shape(const AttentionProblem& p);
+
+// Whether environment variable `name` is set to anything but "" or "0".
+bool env_flag(const char* name);
+
+}  // namespace baracuda
