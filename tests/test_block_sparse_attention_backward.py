@@ -271,6 +271,51 @@ def test_nan_reaches_the_rows_it_touches(device, dtype, D, block_size, where):
     assert torch.equal(torch.isnan(dq[0]).any(-1), touched)
     assert torch.isnan(dq[0][touched]).all()
 
+# ---------------------------------------------------------------- wgmma backward
+
+
+def _hopper(device):
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
+
+
+@pytest.mark.parametrize("block_size", [64, 128, (128, 64), (64, 128), (256, 128)])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_wgmma_backward(device, monkeypatch, block_size, D, dtype):
+    """The Hopper backward (opt-in): uneven lengths, Lq != Lk, GQA, causal and
+    not, empty query blocks, grad_lse; bit-identical on a second run."""
+    if not _hopper(device):
+        pytest.skip("the wgmma backward runs on Hopper GPUs")
+    monkeypatch.setenv("BARACUDA_WGMMA_BACKWARD", "1")
+    q, k, v = inputs(2, 4, 2, 300, 517, D, D, dtype, device, seed=D)
+    m = random_mask(2, 4, 300, 517, block_size, device, density=0.6, seed=D + 1)
+    m[:, :, 1] = False  # query blocks that see nothing
+    for is_causal in (False, True):
+        first = check(q, k, v, m, block_size, is_causal=is_causal)
+        again = check(q, k, v, m, block_size, is_causal=is_causal)
+        for a, b in zip(first, again):
+            assert torch.equal(a, b)
+
+
+def test_wgmma_backward_many_items_and_nan(device, monkeypatch):
+    """More work items than resident CTAs (the persistent grids' counters
+    restart on every call), strided inputs, and a NaN reaching its rows."""
+    if not _hopper(device):
+        pytest.skip("the wgmma backward runs on Hopper GPUs")
+    monkeypatch.setenv("BARACUDA_WGMMA_BACKWARD", "1")
+    q, k, v = inputs(3, 16, 4, 1100, 900, 128, 128, torch.bfloat16, device, seed=11)
+    m = random_mask(3, 16, 1100, 900, 128, device, density=0.4, seed=12)
+    check(q.transpose(1, 2).contiguous().transpose(1, 2), k, v, m, 128, is_causal=True)
+    bad = q.clone()
+    bad[0, 0, 5, 7] = float("nan")
+    qq = bad.requires_grad_()
+    out = bt.block_sparse_attention(qq, k, v, m, block_size=128)
+    dq, = torch.autograd.grad(out, qq, torch.ones_like(out))
+    sees = m[0, 0, 0].any()
+    assert bool(torch.isnan(dq[0, 0, 5]).all()) == bool(sees)
+    assert not torch.isnan(dq[0, 0, 6:]).any() and not torch.isnan(dq[1:]).any()
+
+
 # ---------------------------------------------------------------- compositions
 
 

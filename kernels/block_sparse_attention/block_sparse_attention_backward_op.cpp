@@ -45,6 +45,17 @@ at::Tensor compute_operand(const at::Tensor& t) {
   return t.is_cpu() && half ? t.to(at::kFloat) : t;
 }
 
+#ifdef BARACUDA_WITH_CUDA
+// The wgmma backward is opt-in (BARACUDA_WGMMA_BACKWARD=1) until its CUDA
+// tests have passed on a Hopper GPU; it takes the problems the Hopper
+// forward takes, and everything else runs the generic executor.
+bool use_hopper_backward(const AttentionProblem& p) {
+  return env_flag("BARACUDA_WGMMA_BACKWARD") && tensor_core_shape(p) &&
+         !env_flag("BARACUDA_DISABLE_WGMMA") &&
+         block_sparse_attention_hopper_available(p.q.get_device());
+}
+#endif
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> block_sparse_attention_backward(
     const c10::optional<at::Tensor>& grad_out_in, const c10::optional<at::Tensor>& grad_lse_in,
     const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
@@ -105,7 +116,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> block_sparse_attention_backward(
     a.delta = scratch[0].data_ptr();
     a.lse_log2 = scratch[1].data_ptr();
     check_status(block_sparse_attention_backward_rows_cuda(a, stream), kOp, "row scratch");
-    check_status(block_sparse_attention_backward_generic_cuda(a, stream), kOp, "backward");
+    if (use_hopper_backward(p)) {
+      // The tensor copy engine's layout needs (a copy where they are missed),
+      // and a work counter per kernel, zero at the start of every call.
+      const at::Tensor qt = tensor_core_ready(q), kt = tensor_core_ready(k);
+      const at::Tensor vt = tensor_core_ready(v), got = tensor_core_ready(grad_out);
+      a.forward = attention_args(p, qt, kt, vt, at::Tensor(), at::Tensor());
+      a.grad_out = got.const_data_ptr();
+      strides_of(a.grad_out_strides, got);
+      at::Tensor counters = at::zeros({2}, q_in.options().dtype(at::kInt));
+      check_status(block_sparse_attention_backward_hopper_cuda(a, counters.data_ptr<int>(), stream),
+                   kOp, "backward");
+    } else {
+      check_status(block_sparse_attention_backward_generic_cuda(a, stream), kOp, "backward");
+    }
 #else
     TORCH_CHECK(false, "baracuda::", kOp, ": built without CUDA kernels; got ", q_in.device());
 #endif

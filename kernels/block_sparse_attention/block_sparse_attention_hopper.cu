@@ -18,10 +18,6 @@
 // their softmax and MMAs independently, so one's exponentials overlap the
 // other's MMAs. (Freeing K and V on their own, K right after the score MMAs,
 // measured slower on dense masks and no faster on sparse ones.)
-//
-// Tiles are stored as TMA writes them with the 128-byte swizzle: a tile of
-// `rows` x D is D / 64 panels of rows x 64 elements (128-byte rows, 8-row
-// groups 1024 bytes apart), which is the layout the wgmma descriptors name.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -30,6 +26,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "block_sparse_attention/block_sparse_attention_hopper.cuh"
 #include "block_sparse_attention/block_sparse_attention_kernels.h"
 #include "block_sparse_attention/block_sparse_attention_tile.cuh"
 #include "common/cuda_launch.cuh"
@@ -39,81 +36,6 @@
 
 namespace baracuda {
 namespace {
-
-constexpr int kPanel = 64;  // elements per 128-byte swizzled row
-
-// Threads of a CTA: the consumer warpgroups, then a producer warpgroup when
-// registers move between them (two consumers), else a single producer warp.
-template <int kConsumers>
-constexpr int hopper_threads() {
-  return kConsumers == 2 ? 3 * 128 : kConsumers * 128 + 32;
-}
-
-template <int D, int M, int N, int STAGES>
-struct HopperLayout {
-  static constexpr int kQBytes = M * D * 2;
-  static constexpr int kKVBytes = N * D * 2;  // one K or V tile
-  static constexpr int kQOffset = 0;
-  static constexpr int kKOffset = kQOffset + kQBytes;
-  static constexpr int kVOffset = kKOffset + STAGES * kKVBytes;
-  static constexpr int kBarrierOffset = kVOffset + STAGES * kKVBytes;
-  // q_full, q_empty, then k_full, v_full and empty per stage.
-  static constexpr int kTileOffset = kBarrierOffset + (2 + 3 * STAGES) * 8;
-  static constexpr int kBytes = kTileOffset + (STAGES + 1) * 4;  // tile_of[], q_item
-  // The swizzled tiles need 1024-byte alignment; the dynamic allocation only
-  // guarantees 16, so the kernel rounds its base up inside this slack.
-  static constexpr int kAllocBytes = kBytes + 1024;
-};
-
-// The shared memory of a CTA. Stage s of the ring holds one K and one V
-// tile; k_full[s] completes when its K tile has landed (and tile_of[s], the
-// producer's word on that entry, is written), v_full[s] when its V tile has,
-// and empty[s] when every consumer warp is done with both. q_full completes
-// when the Q tile of work item *q_item (or -1: no more work) is in, q_empty
-// when every consumer warp has issued its last score MMA on it.
-template <typename T>
-struct Ring {
-  T *q, *k, *v;
-  uint64_t *q_full, *q_empty, *k_full, *v_full, *empty;
-  int *tile_of, *q_item;
-};
-
-// The tensor-map coordinate of batch or head `index` along an axis of the
-// given stride: a stride-0 axis is described to the map as one element.
-__device__ inline int coordinate(int64_t index, int64_t stride) {
-  return stride != 0 ? static_cast<int>(index) : 0;
-}
-
-// S = Q K^T of one key tile: D / 16 k-steps, each 32 bytes further along the
-// swizzled rows of Q and K (the 64-element panels are rows x 128 bytes).
-template <typename T, int D, int M, int N>
-__device__ inline void issue_scores(float (&s)[N / 2], const T* q_rows, const T* ks) {
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    const int panel = kk / 4, col = (kk % 4) * 16;
-    wgmma_ss<T, N>(s, swizzle128_descriptor(q_rows + panel * M * kPanel + col, 0),
-                   swizzle128_descriptor(ks + panel * N * kPanel + col, 0), kk > 0);
-  }
-  wgmma_commit();
-}
-
-// O += P V of one key tile: k-step kk takes keys [16 kk, 16 kk + 16), i.e.
-// 16 rows of V; V's 64-column panels are N * 128 bytes apart (its MN stride).
-template <typename T, int D, int N>
-__device__ inline void issue_values(float (&o)[D / 2], const uint32_t (&p)[N / 16][4],
-                                    const T* vs) {
-#pragma unroll
-  for (int kk = 0; kk < N / 16; ++kk) {
-    wgmma_rs<T, D>(o, p[kk], swizzle128_descriptor(vs + kk * 16 * kPanel, N * kPanel * 2), true);
-  }
-  wgmma_commit();
-}
-
-// What the producer publishes in tile_of[stage] with each ring entry: a key
-// tile index, flagged when it is the work item's last, or kNoTile for an
-// item that visits no key tile at all (the entry then carries no data).
-constexpr int kLastTile = 1 << 30;
-constexpr int kNoTile = -1;
 
 // One consumer warpgroup's share of every work item the CTA is handed: the
 // walk over the item's key tiles, then its epilogue. The MMAs of consecutive
@@ -220,88 +142,6 @@ __device__ inline void consume(const BlockSparseAttentionArgs& a, int64_t q_tile
   }
 }
 
-// The producer thread: takes work items (query tiles, in query_tile's order)
-// until none is left, first its CTA's own and then from the shared counter,
-// so that CTAs that drew light items take more. Per item it hands over the
-// first key tile, loads Q once the previous item's score MMAs are done, then
-// streams the remaining K/V tiles into the ring; an item of index -1 tells
-// the consumers to stop.
-template <typename T, int D, int M, int N, int STAGES>
-__device__ inline void produce(const CUtensorMap* q_map, const CUtensorMap* k_map,
-                               const CUtensorMap* v_map, const BlockSparseAttentionArgs& a,
-                               int64_t q_tiles, int* work_counter, const Ring<T>& ring) {
-  using L = HopperLayout<D, M, N, STAGES>;
-  constexpr int kPanels = D / kPanel;
-  const int64_t items = q_tiles * a.batch * a.heads;
-  int64_t item = blockIdx.x;
-  int it = 0;  // ring entries filled so far
-  // The next ring stage, once the consumers freed its previous use.
-  auto next_stage = [&] {
-    const int stage = it % STAGES;
-    if (it >= STAGES) mbarrier_wait(&ring.empty[stage], ((it / STAGES) - 1) & 1);
-    ++it;
-    return stage;
-  };
-  for (int n = 0;; ++n) {
-    if (item >= items) {
-      if (n > 0) mbarrier_wait(ring.q_empty, (n - 1) & 1);
-      *ring.q_item = -1;  // published by the arrival (release semantics)
-      mbarrier_arrive(ring.q_full);
-      return;
-    }
-    const QueryTile qt = query_tile(a, item, q_tiles, M);
-    const int kh = coordinate(qt.kv_head, a.k_strides[1]), kb = coordinate(qt.b, a.k_strides[0]);
-    const int vh = coordinate(qt.kv_head, a.v_strides[1]), vb = coordinate(qt.b, a.v_strides[0]);
-    const KeyTileWalk walk(a, qt, N);
-    // One ring entry: key tile `tile`, flagged when it is the item's last.
-    auto push_tile = [&](int tile, bool last) {
-      const int stage = next_stage();
-      ring.tile_of[stage] = tile | (last ? kLastTile : 0);
-      const int key0 = tile * N;
-      T* k_dst = ring.k + stage * N * D;
-      T* v_dst = ring.v + stage * N * D;
-      mbarrier_arrive_expect_tx(&ring.k_full[stage], L::kKVBytes);
-      for (int p = 0; p < kPanels; ++p) {
-        tma_load_4d(k_dst + p * N * kPanel, k_map, p * kPanel, key0, kh, kb, &ring.k_full[stage]);
-      }
-      mbarrier_arrive_expect_tx(&ring.v_full[stage], L::kKVBytes);
-      for (int p = 0; p < kPanels; ++p) {
-        tma_load_4d(v_dst + p * N * kPanel, v_map, p * kPanel, key0, vh, vb, &ring.v_full[stage]);
-      }
-    };
-    // The first entry goes out before Q: its K/V do not wait for the Q buffer,
-    // so their loads overlap the end of the previous item.
-    int tile = walk.next(0);
-    int following = tile < walk.n_tiles ? walk.next(tile + 1) : tile;
-    if (tile >= walk.n_tiles) {
-      const int stage = next_stage();
-      ring.tile_of[stage] = kNoTile;
-      mbarrier_arrive(&ring.k_full[stage]);
-      // Nobody waits for this entry's V, but the phases of v_full must keep
-      // counting ring entries, as the consumers' parities do.
-      mbarrier_arrive(&ring.v_full[stage]);
-    } else {
-      push_tile(tile, following >= walk.n_tiles);
-    }
-    if (n > 0) mbarrier_wait(ring.q_empty, (n - 1) & 1);
-    const int qh = coordinate(qt.h, a.q_strides[1]), qb = coordinate(qt.b, a.q_strides[0]);
-    *ring.q_item = static_cast<int>(item);
-    mbarrier_arrive_expect_tx(ring.q_full, L::kQBytes);
-    for (int p = 0; p < kPanels; ++p) {
-      tma_load_4d(ring.q + p * M * kPanel, q_map, p * kPanel, static_cast<int>(qt.q0), qh, qb,
-                  ring.q_full);
-    }
-    while (following < walk.n_tiles) {
-      tile = following;
-      following = walk.next(tile + 1);
-      push_tile(tile, following >= walk.n_tiles);
-    }
-    // Claimed now, while the consumers still work on this item, so that the
-    // counter's round trip is off the path to the next item's first loads.
-    item = int64_t{gridDim.x} + atomicAdd(work_counter, 1);
-  }
-}
-
 // A persistent grid of as many CTAs as fit at once: one 128-row CTA per SM
 // (which moves registers from the producer to the consumers), or 64-row CTAs
 // sized so that at least two share an SM (one would leave the tensor cores
@@ -316,32 +156,9 @@ __global__ void __launch_bounds__(hopper_threads<kConsumers>(), kConsumers == 1 
   constexpr int M = 64 * kConsumers;
   using L = HopperLayout<D, M, N, STAGES>;
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* smem = reinterpret_cast<unsigned char*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  Ring<T> ring;
-  ring.q = reinterpret_cast<T*>(smem + L::kQOffset);
-  ring.k = reinterpret_cast<T*>(smem + L::kKOffset);
-  ring.v = reinterpret_cast<T*>(smem + L::kVOffset);
-  ring.q_full = reinterpret_cast<uint64_t*>(smem + L::kBarrierOffset);
-  ring.q_empty = ring.q_full + 1;
-  ring.k_full = ring.q_empty + 1;
-  ring.v_full = ring.k_full + STAGES;
-  ring.empty = ring.v_full + STAGES;
-  ring.tile_of = reinterpret_cast<int*>(smem + L::kTileOffset);
-  ring.q_item = ring.tile_of + STAGES;
-
+  const Ring<T> ring = carve_ring<T, HopperLayout<D, M, N, STAGES>>(smem_raw);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (threadIdx.x == 0) {
-    constexpr int kConsumerWarps = kConsumers * 4;  // each arrives once per release
-    mbarrier_init(ring.q_full, 1);
-    mbarrier_init(ring.q_empty, kConsumerWarps);
-    for (int s = 0; s < STAGES; ++s) {
-      mbarrier_init(&ring.k_full[s], 1);
-      mbarrier_init(&ring.v_full[s], 1);
-      mbarrier_init(&ring.empty[s], kConsumerWarps);
-    }
-    mbarrier_init_fence();
-  }
+  if (threadIdx.x == 0) init_ring(ring, STAGES, kConsumers * 4);
   __syncthreads();
 
   // 128 x 40 + 256 x 232 registers fill the 64 K of an SM.
@@ -349,7 +166,8 @@ __global__ void __launch_bounds__(hopper_threads<kConsumers>(), kConsumers == 1 
   if (warp >= kConsumers * 4) {
     if constexpr (kMoveRegisters) warpgroup_registers_release<40>();
     if (warp == kConsumers * 4 && lane == 0) {
-      produce<T, D, M, N, STAGES>(&q_map, &k_map, &v_map, a, q_tiles, work_counter, ring);
+      const QueryOperands<1> query{{&q_map}, {a.q_strides}};
+      produce<T, D, M, N, STAGES>(query, &k_map, &v_map, a, q_tiles, work_counter, ring);
     }
   } else {
     if constexpr (kMoveRegisters) warpgroup_registers_claim<232>();
@@ -359,40 +177,6 @@ __global__ void __launch_bounds__(hopper_threads<kConsumers>(), kConsumers == 1 
 }
 
 // ---------------------------------------------------------------- host side
-
-// A [batch, heads, len, dim] operand as a 4-D tensor map (innermost first)
-// whose box is `rows` x 64 elements with the 128-byte swizzle.
-bool encode_operand(CUtensorMap* map, FloatDtype dtype, const void* base, int64_t batch,
-                    int64_t heads, int64_t len, int64_t dim, const int64_t (&strides)[4],
-                    int rows) {
-  const auto encode = tensor_map_encoder();
-  if (encode == nullptr) return false;
-  // No keys at all still launches (every row is empty) but reads nothing; the
-  // map must still describe a non-empty tensor.
-  len = len > 0 ? len : 1;
-  // Batch and head axes of stride 0 (one element, or broadcast with expand)
-  // become axes of one element that the kernel always reads at coordinate 0
-  // (see `coordinate`); the map needs a real stride for them all the same.
-  int64_t bytes[3];
-  bytes[0] = strides[2] != 0 ? strides[2] * 2 : dim * 2;
-  bytes[1] = strides[1] != 0 ? strides[1] * 2 : len * bytes[0];
-  bytes[2] = strides[0] != 0 ? strides[0] * 2 : heads * bytes[1];
-  const cuuint64_t sizes[4] = {static_cast<cuuint64_t>(dim), static_cast<cuuint64_t>(len),
-                               static_cast<cuuint64_t>(strides[1] != 0 ? heads : 1),
-                               static_cast<cuuint64_t>(strides[0] != 0 ? batch : 1)};
-  const cuuint64_t byte_strides[3] = {static_cast<cuuint64_t>(bytes[0]),
-                                      static_cast<cuuint64_t>(bytes[1]),
-                                      static_cast<cuuint64_t>(bytes[2])};
-  const cuuint32_t box[4] = {kPanel, static_cast<cuuint32_t>(rows), 1, 1};
-  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
-  const CUresult r = encode(
-      map, dtype == FloatDtype::kFloat16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
-                                         : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-      4, const_cast<void*>(base), sizes, byte_strides, box, element_strides,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS;
-}
 
 template <typename T, int D, int kConsumers, int N>
 KernelStatus launch(const BlockSparseAttentionArgs& a, int* work_counter, cudaStream_t stream) {

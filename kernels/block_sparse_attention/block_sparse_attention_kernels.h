@@ -119,6 +119,13 @@ KernelStatus block_sparse_attention_backward_cpu(const BlockSparseAttentionBackw
                                                  int64_t first_group, int64_t last_group);
 KernelStatus block_sparse_attention_backward_generic_cuda(const BlockSparseAttentionBackwardArgs& a,
                                                           void* stream);
+// The wgmma + TMA backward on Hopper GPUs, for problems the Hopper forward
+// takes (tensor_core_tile_rows > 0, grad_out laid out as the forward needs
+// out) with rows_stride a multiple of 128. Two persistent kernels hand out
+// work through work_counters[0] and [1], int32 in device memory that must be
+// zero when the call starts.
+KernelStatus block_sparse_attention_backward_hopper_cuda(const BlockSparseAttentionBackwardArgs& a,
+                                                         int* work_counters, void* stream);
 // Fills the per-row scratch (delta, lse_log2) the CUDA executors read.
 KernelStatus block_sparse_attention_backward_rows_cuda(const BlockSparseAttentionBackwardArgs& a,
                                                        void* stream);

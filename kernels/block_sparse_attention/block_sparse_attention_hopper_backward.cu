@@ -1,0 +1,601 @@
+// Hopper executor of block-sparse attention's backward pass (float16 /
+// bfloat16, head_dim == v_dim in {64, 128}, block_q and block_k multiples of
+// 64): warpgroup MMAs fed by the tensor copy engine, float32 accumulation,
+// deterministic. Two persistent kernels, each writing every gradient element
+// it owns once, so no float atomics and the same bits on every run:
+//
+// dK / dV: a work item is NK = 64 kConsumers keys of one (batch, key head),
+// all in one key block. Its K and V tiles stay in shared memory while the
+// producer streams, for each query head of the group, the 64-row query
+// tiles of the query blocks whose mask byte for that key block is on (the
+// mask's column, read in place), with their dO tile and per-row scratch
+// (lse in log2 units, delta). A consumer warpgroup owns 64 of the keys; per
+// query tile it computes
+//   S^T = K Q^T, dP^T = V dO^T                 wgmma, both from shared memory
+//   P^T = 2^(S^T scale log2(e) - lse), dS^T = P^T (dP^T - delta)
+//   dV += P^T dO, dK += dS^T Q                 wgmma, P^T / dS^T from registers
+// and writes dK (times the scale) and dV once the walk ends.
+//
+// dQ: a work item is a query tile, as in the forward, whose producer (the
+// forward's) brings Q and dO once and streams the visible 64-key tiles; per
+// key tile a consumer warpgroup computes S = Q K^T and dP = dO V^T, then
+// dS = P (dP - delta) and dQ += dS K.
+//
+// Rows past q_len read as zeros with lse = +inf (the scratch's padding), so
+// their P is 0; keys past k_len are masked in dQ and, in dK / dV, only
+// reach rows that are never stored.
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "block_sparse_attention/block_sparse_attention_hopper.cuh"
+#include "block_sparse_attention/block_sparse_attention_kernels.h"
+#include "block_sparse_attention/block_sparse_attention_tile.cuh"
+#include "common/cuda_launch.cuh"
+#include "common/fast_exp2.h"
+#include "common/hopper.cuh"
+#include "common/tensor_map.h"
+#include "common/wgmma_ops.cuh"
+
+namespace baracuda {
+namespace {
+
+constexpr int kRowTile = 64;  // query rows per streamed tile of the dK / dV kernel
+constexpr int kKeyTile = 64;  // keys per streamed tile of the dQ kernel
+
+// ---------------------------------------------------------------- dK / dV
+
+// Shared memory of a dK / dV CTA: the item's K and V tiles, then per stage
+// a query tile, its dO tile and their 64 rows' lse (log2) and delta.
+template <int D, int NK, int STAGES>
+struct KeyTileLayout {
+  static constexpr int kStages = STAGES;
+  static constexpr int kKVBytes = NK * D * 2;          // K or V of the item
+  static constexpr int kRowBytes = kRowTile * D * 2;   // Q or dO of a stage
+  static constexpr int kKOffset = 0;
+  static constexpr int kVOffset = kKOffset + kKVBytes;
+  static constexpr int kQOffset = kVOffset + kKVBytes;
+  static constexpr int kDoOffset = kQOffset + STAGES * kRowBytes;
+  static constexpr int kLseOffset = kDoOffset + STAGES * kRowBytes;
+  static constexpr int kDeltaOffset = kLseOffset + STAGES * kRowTile * 4;
+  // kv_full, kv_empty, then full and empty per stage.
+  static constexpr int kBarrierOffset = kDeltaOffset + STAGES * kRowTile * 4;
+  static constexpr int kEntryOffset = kBarrierOffset + (2 + 2 * STAGES) * 8;
+  static constexpr int kBytes = kEntryOffset + (2 * STAGES + 1) * 4;  // tile_of, head_of, kv_item
+  static constexpr int kAllocBytes = kBytes + 1024;  // room to round the base up to 1024
+  static constexpr int kStageTx = 2 * kRowBytes + 2 * kRowTile * 4;
+};
+
+// kv_full completes when the K and V tiles of item *kv_item (or -1: no more
+// work) are in, kv_empty when every consumer warp is done with them. Stage
+// s holds the query tile of row tile_of[s] (flagged kLastTile on an item's
+// last entry, kNoTile for an item with none) of head head_of[s]; full[s]
+// completes when all of it has landed, empty[s] when every consumer warp
+// is done with it.
+template <typename T>
+struct KeyTileRing {
+  T *k, *v, *q, *dout;
+  float *lse, *delta;
+  uint64_t *kv_full, *kv_empty, *full, *empty;
+  int *tile_of, *head_of, *kv_item;
+};
+
+template <typename T, typename Layout>
+__device__ inline KeyTileRing<T> carve_key_tile_ring(unsigned char* smem_raw) {
+  unsigned char* smem = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  constexpr int kStages = Layout::kStages;
+  KeyTileRing<T> r;
+  r.k = reinterpret_cast<T*>(smem + Layout::kKOffset);
+  r.v = reinterpret_cast<T*>(smem + Layout::kVOffset);
+  r.q = reinterpret_cast<T*>(smem + Layout::kQOffset);
+  r.dout = reinterpret_cast<T*>(smem + Layout::kDoOffset);
+  r.lse = reinterpret_cast<float*>(smem + Layout::kLseOffset);
+  r.delta = reinterpret_cast<float*>(smem + Layout::kDeltaOffset);
+  r.kv_full = reinterpret_cast<uint64_t*>(smem + Layout::kBarrierOffset);
+  r.kv_empty = r.kv_full + 1;
+  r.full = r.kv_empty + 1;
+  r.empty = r.full + kStages;
+  r.tile_of = reinterpret_cast<int*>(smem + Layout::kEntryOffset);
+  r.head_of = r.tile_of + kStages;
+  r.kv_item = r.head_of + kStages;
+  return r;
+}
+
+// The key tile of work item `item`: items run through the key tiles of a
+// (batch, key head) innermost, so the CTAs at work at one time read the
+// query tiles of the same few heads (from L2).
+struct KeyTile {
+  int64_t b, g, k0;
+};
+
+__device__ inline KeyTile key_tile(const BlockSparseAttentionArgs& a, int64_t item,
+                                   int64_t k_tiles, int nk) {
+  const int64_t bg = item / k_tiles;
+  return {bg / a.kv_heads, bg % a.kv_heads, (item % k_tiles) * nk};
+}
+
+// The query tiles that see a key tile, in order: for each query head of the
+// group, the 64-row tiles of the query blocks whose mask byte for the key
+// block is on; with causal attention only tiles holding a row at or after
+// the tile's first key. Every call reads the same mask bytes, so the walk is
+// uniform. A position is (head offset in the group, query row of the tile);
+// `next` gives the one after it, or hl == group at the end.
+struct QueryTileWalk {
+  const BlockSparseAttentionArgs& a;
+  KeyTile t;
+  int64_t group, kb;
+
+  __device__ QueryTileWalk(const BlockSparseAttentionArgs& args, const KeyTile& tile)
+      : a(args), t(tile), group(args.heads / args.kv_heads), kb(tile.k0 / args.block_k) {}
+
+  // First visible tile at or after (hl, q0).
+  __device__ void seek(int64_t& hl, int64_t& q0) const {
+    const int64_t first_row = a.causal ? t.k0 : 0;
+    const int64_t first_q0 = first_row / kRowTile * kRowTile;
+    if (q0 < first_q0) q0 = first_q0;
+    while (hl < group) {
+      const uint8_t* column_head = mask_row(a, t.b, t.g * group + hl, 0);
+      while (q0 < a.q_len) {
+        const int64_t qb = q0 / a.block_q;
+        if (key_block_on(a, column_head + qb * a.mask_strides[2], kb)) return;
+        q0 = (qb + 1) * a.block_q;
+      }
+      ++hl;
+      q0 = first_q0;
+    }
+  }
+  __device__ void first(int64_t& hl, int64_t& q0) const {
+    hl = 0;
+    q0 = 0;
+    seek(hl, q0);
+  }
+  __device__ void next(int64_t& hl, int64_t& q0) const {
+    q0 += kRowTile;
+    seek(hl, q0);
+  }
+};
+
+template <typename T, int D, int NK, int STAGES>
+__device__ inline void produce_key_tiles(const CUtensorMap* q_map, const CUtensorMap* do_map,
+                                         const CUtensorMap* k_map, const CUtensorMap* v_map,
+                                         const BlockSparseAttentionBackwardArgs& ba,
+                                         int64_t k_tiles, int* work_counter,
+                                         const KeyTileRing<T>& ring) {
+  using L = KeyTileLayout<D, NK, STAGES>;
+  constexpr int kPanels = D / kPanel;
+  const BlockSparseAttentionArgs& a = ba.forward;
+  const int64_t items = k_tiles * a.batch * a.kv_heads;
+  int64_t item = blockIdx.x;
+  StageCursor<STAGES> stages{ring.empty};
+  auto next_stage = [&] { return stages.next(); };
+  for (int n = 0;; ++n) {
+    if (item >= items) return publish_end(ring.kv_full, ring.kv_empty, ring.kv_item, n);
+    const KeyTile kt = key_tile(a, item, k_tiles, NK);
+    const QueryTileWalk walk(a, kt);
+    int64_t hl, q0;
+    walk.first(hl, q0);
+    // One ring entry: the query tile at (hl, q0), and the walk moved past it.
+    auto push_entry = [&] {
+      int64_t next_hl = hl, next_q0 = q0;
+      walk.next(next_hl, next_q0);
+      const int stage = next_stage();
+      const int64_t h = kt.g * walk.group + hl;
+      ring.tile_of[stage] = static_cast<int>(q0) | (next_hl >= walk.group ? kLastTile : 0);
+      ring.head_of[stage] = static_cast<int>(h);
+      uint64_t* bar = &ring.full[stage];
+      mbarrier_arrive_expect_tx(bar, L::kStageTx);
+      const int qh = coordinate(h, a.q_strides[1]), qbat = coordinate(kt.b, a.q_strides[0]);
+      const int oh = coordinate(h, ba.grad_out_strides[1]);
+      const int obat = coordinate(kt.b, ba.grad_out_strides[0]);
+      T* q_dst = ring.q + stage * kRowTile * D;
+      T* do_dst = ring.dout + stage * kRowTile * D;
+      for (int p = 0; p < kPanels; ++p) {
+        tma_load_4d(q_dst + p * kRowTile * kPanel, q_map, p * kPanel, static_cast<int>(q0), qh,
+                    qbat, bar);
+        tma_load_4d(do_dst + p * kRowTile * kPanel, do_map, p * kPanel, static_cast<int>(q0), oh,
+                    obat, bar);
+      }
+      const int64_t row = (kt.b * a.heads + h) * ba.rows_stride + q0;
+      bulk_copy_to_shared(ring.lse + stage * kRowTile, static_cast<const float*>(ba.lse_log2) + row,
+                          kRowTile * 4, bar);
+      bulk_copy_to_shared(ring.delta + stage * kRowTile,
+                          static_cast<const float*>(ba.delta) + row, kRowTile * 4, bar);
+      hl = next_hl;
+      q0 = next_q0;
+    };
+    // The first entry goes out before K and V: its loads do not wait for the
+    // consumers to finish the previous item.
+    if (hl >= walk.group) {
+      const int stage = next_stage();
+      ring.tile_of[stage] = kNoTile;
+      mbarrier_arrive(&ring.full[stage]);
+    } else {
+      push_entry();
+    }
+    if (n > 0) mbarrier_wait(ring.kv_empty, (n - 1) & 1);
+    *ring.kv_item = static_cast<int>(item);
+    mbarrier_arrive_expect_tx(ring.kv_full, 2 * L::kKVBytes);
+    const int kh = coordinate(kt.g, a.k_strides[1]), kbat = coordinate(kt.b, a.k_strides[0]);
+    const int vh = coordinate(kt.g, a.v_strides[1]), vbat = coordinate(kt.b, a.v_strides[0]);
+    for (int p = 0; p < kPanels; ++p) {
+      tma_load_4d(ring.k + p * NK * kPanel, k_map, p * kPanel, static_cast<int>(kt.k0), kh, kbat,
+                  ring.kv_full);
+      tma_load_4d(ring.v + p * NK * kPanel, v_map, p * kPanel, static_cast<int>(kt.k0), vh, vbat,
+                  ring.kv_full);
+    }
+    while (hl < walk.group) push_entry();
+    // Claimed now, while the consumers still work on this item.
+    item = int64_t{gridDim.x} + atomicAdd(work_counter, 1);
+  }
+}
+
+// One consumer warpgroup's 64 keys of every work item: the walk over the
+// item's query tiles, then the dK / dV store.
+template <typename T, int D, int kConsumers, int STAGES>
+__device__ inline void consume_key_tiles(const BlockSparseAttentionBackwardArgs& ba,
+                                         int64_t k_tiles, const KeyTileRing<T>& ring, int warp,
+                                         int lane) {
+  constexpr int NK = 64 * kConsumers;
+  constexpr int kCols = kRowTile / 8;  // 8-column groups of S^T
+  const BlockSparseAttentionArgs& a = ba.forward;
+  const int wg = warp / 4, wg_warp = warp % 4;
+  const int g = lane >> 2, t4 = lane & 3;
+  const float scale_log2 = static_cast<float>(a.scale) * kLog2e;
+  const T* k_rows = ring.k + wg * 64 * kPanel;
+  const T* v_rows = ring.v + wg * 64 * kPanel;
+  float s[kRowTile / 2], dp[kRowTile / 2];
+  uint32_t pt[kRowTile / 16][4], dst[kRowTile / 16][4];
+  int it = 0;
+  auto release = [&](uint64_t* bar) {
+    if (lane == 0) mbarrier_arrive(bar);
+  };
+  for (int n = 0;; ++n) {
+    mbarrier_wait(ring.kv_full, n & 1);
+    const int item = *reinterpret_cast<volatile int*>(ring.kv_item);
+    if (item < 0) break;
+    const KeyTile kt = key_tile(a, item, k_tiles, NK);
+    const int64_t key_g = kt.k0 + wg * 64 + wg_warp * 16 + g;  // keys key_g and key_g + 8
+    float dk[D / 2], dv[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
+    for (;;) {
+      const int stage = it % STAGES;
+      mbarrier_wait(&ring.full[stage], (it / STAGES) & 1);
+      ++it;
+      const int entry = *reinterpret_cast<volatile int*>(&ring.tile_of[stage]);
+      if (entry == kNoTile) {
+        release(&ring.empty[stage]);
+        break;
+      }
+      const int64_t q0 = entry & ~kLastTile;
+      const T* qs = ring.q + stage * kRowTile * D;
+      const T* dos = ring.dout + stage * kRowTile * D;
+      wgmma_fence();
+      issue_scores<T, D, NK, kRowTile>(s, k_rows, qs);
+      issue_scores<T, D, NK, kRowTile>(dp, v_rows, dos);
+      wgmma_wait<0>();
+      register_fence(s);
+      register_fence(dp);
+      // Row r = e >> 1 of a pair is key key_g + 8 r; column 8 j + 2 t4 + (e & 1)
+      // is query row q0 + that column.
+      const float* lse = ring.lse + stage * kRowTile;
+      const float* delta = ring.delta + stage * kRowTile;
+      const bool edge = a.causal && q0 < kt.k0 + NK - 1;
+#pragma unroll
+      for (int j = 0; j < kCols; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int c = 8 * j + 2 * t4 + (e & 1);
+          const bool hidden = edge && key_g + 8 * (e >> 1) > q0 + c;
+          const float p = hidden ? 0.f : exp2_flush(s[4 * j + e] * scale_log2 - lse[c]);
+          s[4 * j + e] = p;
+          dp[4 * j + e] = p * (dp[4 * j + e] - delta[c]);
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < kRowTile / 16; ++kk) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          pt[kk][i] = pack2<T>(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
+          dst[kk][i] = pack2<T>(dp[8 * kk + 2 * i], dp[8 * kk + 2 * i + 1]);
+        }
+      }
+      wgmma_fence();
+      issue_values<T, D, kRowTile>(dv, pt, dos);
+      issue_values<T, D, kRowTile>(dk, dst, qs);
+      wgmma_wait<0>();
+      register_fence(dv);
+      register_fence(dk);
+      release(&ring.empty[stage]);
+      if (entry & kLastTile) break;
+    }
+    release(ring.kv_empty);
+    // dK (times the scale) and dV of keys key_g and key_g + 8, those below k_len.
+    const int64_t base = (kt.b * a.kv_heads + kt.g) * a.k_len;
+    T* gk = static_cast<T*>(ba.grad_k);
+    T* gv = static_cast<T*>(ba.grad_v);
+    const float scale = static_cast<float>(a.scale);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t key = key_g + 8 * r;
+      if (key >= a.k_len) continue;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        const int64_t at = (base + key) * D + 8 * j + 2 * t4;
+        *reinterpret_cast<uint32_t*>(gk + at) =
+            pack2<T>(dk[4 * j + 2 * r] * scale, dk[4 * j + 2 * r + 1] * scale);
+        *reinterpret_cast<uint32_t*>(gv + at) = pack2<T>(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+      }
+    }
+  }
+}
+
+template <typename T, int D, int kConsumers, int STAGES>
+__global__ void __launch_bounds__(hopper_threads<kConsumers>(), kConsumers == 1 && D == 64 ? 2 : 1)
+    hopper_grad_kv(const __grid_constant__ CUtensorMap q_map,
+                   const __grid_constant__ CUtensorMap do_map,
+                   const __grid_constant__ CUtensorMap k_map,
+                   const __grid_constant__ CUtensorMap v_map,
+                   const BlockSparseAttentionBackwardArgs ba, int64_t k_tiles, int* work_counter) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int NK = 64 * kConsumers;
+  using L = KeyTileLayout<D, NK, STAGES>;
+  extern __shared__ unsigned char smem_raw[];
+  const KeyTileRing<T> ring = carve_key_tile_ring<T, L>(smem_raw);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (threadIdx.x == 0) {
+    constexpr int kConsumerWarps = kConsumers * 4;  // each arrives once per release
+    mbarrier_init(ring.kv_full, 1);
+    mbarrier_init(ring.kv_empty, kConsumerWarps);
+    for (int s = 0; s < STAGES; ++s) {
+      mbarrier_init(&ring.full[s], 1);
+      mbarrier_init(&ring.empty[s], kConsumerWarps);
+    }
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+  // 128 x 32 + 256 x 240 registers fill the 64 K of an SM: dK and dV stay in
+  // the consumers' registers for a whole item.
+  constexpr bool kMoveRegisters = kConsumers == 2;
+  if (warp >= kConsumers * 4) {
+    if constexpr (kMoveRegisters) warpgroup_registers_release<32>();
+    if (warp == kConsumers * 4 && lane == 0) {
+      produce_key_tiles<T, D, NK, STAGES>(&q_map, &do_map, &k_map, &v_map, ba, k_tiles,
+                                          work_counter, ring);
+    }
+  } else {
+    if constexpr (kMoveRegisters) warpgroup_registers_claim<240>();
+    consume_key_tiles<T, D, kConsumers, STAGES>(ba, k_tiles, ring, warp, lane);
+  }
+#endif
+}
+
+// ---------------------------------------------------------------- dQ
+
+// One consumer warpgroup's 64 query rows of every work item: the walk over
+// the item's key tiles, then the dQ store. Q and dO sit one after the other
+// in the ring's Q buffer.
+template <typename T, int D, int kConsumers, int STAGES>
+__device__ inline void consume_query_tiles(const BlockSparseAttentionBackwardArgs& ba,
+                                           int64_t q_tiles, const Ring<T>& ring, int warp,
+                                           int lane) {
+  constexpr int M = 64 * kConsumers;
+  constexpr int N = kKeyTile;
+  const BlockSparseAttentionArgs& a = ba.forward;
+  const int wg = warp / 4, wg_warp = warp % 4;
+  const int g = lane >> 2, t4 = lane & 3;
+  const float scale_log2 = static_cast<float>(a.scale) * kLog2e;
+  const T* q_rows = ring.q + wg * 64 * kPanel;
+  const T* do_rows = ring.q + M * D + wg * 64 * kPanel;
+  float s[N / 2], dp[N / 2];
+  uint32_t ds[N / 16][4];
+  int it = 0;
+  auto release = [&](uint64_t* bar) {
+    if (lane == 0) mbarrier_arrive(bar);
+  };
+  for (int n = 0;; ++n) {
+    mbarrier_wait(ring.q_full, n & 1);
+    const int item = *reinterpret_cast<volatile int*>(ring.q_item);
+    if (item < 0) break;
+    const QueryTile qt = query_tile(a, item, q_tiles, M);
+    const int64_t wg_row0 = qt.q0 + wg * 64;
+    const int64_t row_g = wg_row0 + wg_warp * 16 + g;  // rows row_g and row_g + 8
+    // The rows' scratch; rows past q_len read the padding (lse +inf, delta 0).
+    const int64_t scratch = (qt.b * a.heads + qt.h) * ba.rows_stride;
+    const float* lse_rows = static_cast<const float*>(ba.lse_log2) + scratch;
+    const float* delta_rows = static_cast<const float*>(ba.delta) + scratch;
+    const float lse[2] = {lse_rows[row_g], lse_rows[row_g + 8]};
+    const float delta[2] = {delta_rows[row_g], delta_rows[row_g + 8]};
+    float dq[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) dq[i] = 0.f;
+    for (;;) {
+      const int stage = it % STAGES;
+      const uint32_t parity = (it / STAGES) & 1;
+      mbarrier_wait(&ring.k_full[stage], parity);
+      ++it;
+      const int entry = *reinterpret_cast<volatile int*>(&ring.tile_of[stage]);
+      if (entry == kNoTile) {
+        release(&ring.empty[stage]);
+        release(ring.q_empty);
+        break;
+      }
+      const T* ks = ring.k + stage * N * D;
+      wgmma_fence();
+      issue_scores<T, D, M, N>(s, q_rows, ks);
+      mbarrier_wait(&ring.v_full[stage], parity);
+      issue_scores<T, D, M, N>(dp, do_rows, ring.v + stage * N * D);
+      wgmma_wait<0>();
+      register_fence(s);
+      register_fence(dp);
+      // Q and dO are read by the two score MMAs only: after the item's last,
+      // the producer may load the next item's.
+      if (entry & kLastTile) release(ring.q_empty);
+      const int tile = entry & ~kLastTile;
+      scale_and_mask<N / 8>(s, a, scale_log2, int64_t{tile} * N, wg_row0, row_g, t4);
+#pragma unroll
+      for (int i = 0; i < N / 2; ++i) {
+        const int r = (i >> 1) & 1;
+        dp[i] = exp2_flush(s[i] - lse[r]) * (dp[i] - delta[r]);
+      }
+#pragma unroll
+      for (int kk = 0; kk < N / 16; ++kk) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) ds[kk][i] = pack2<T>(dp[8 * kk + 2 * i], dp[8 * kk + 2 * i + 1]);
+      }
+      wgmma_fence();
+      issue_values<T, D, N>(dq, ds, ks);
+      wgmma_wait<0>();
+      register_fence(dq);
+      release(&ring.empty[stage]);
+      if (entry & kLastTile) break;
+    }
+    // dQ times the scale, rows row_g and row_g + 8 below q_len.
+    T* gq = static_cast<T*>(ba.grad_q) + (qt.b * a.heads + qt.h) * a.q_len * D;
+    const float scale = static_cast<float>(a.scale);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t row = row_g + 8 * r;
+      if (row >= a.q_len) continue;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        *reinterpret_cast<uint32_t*>(gq + row * D + 8 * j + 2 * t4) =
+            pack2<T>(dq[4 * j + 2 * r] * scale, dq[4 * j + 2 * r + 1] * scale);
+      }
+    }
+  }
+}
+
+template <typename T, int D, int kConsumers, int STAGES>
+__global__ void __launch_bounds__(hopper_threads<kConsumers>(), kConsumers == 1 ? 2 : 1)
+    hopper_grad_q(const __grid_constant__ CUtensorMap q_map,
+                  const __grid_constant__ CUtensorMap do_map,
+                  const __grid_constant__ CUtensorMap k_map,
+                  const __grid_constant__ CUtensorMap v_map,
+                  const BlockSparseAttentionBackwardArgs ba, int64_t q_tiles, int* work_counter) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int M = 64 * kConsumers;
+  using L = HopperLayout<D, M, kKeyTile, STAGES, 2>;
+  extern __shared__ unsigned char smem_raw[];
+  const Ring<T> ring = carve_ring<T, L>(smem_raw);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (threadIdx.x == 0) init_ring(ring, STAGES, kConsumers * 4);
+  __syncthreads();
+  constexpr bool kMoveRegisters = kConsumers == 2;
+  if (warp >= kConsumers * 4) {
+    if constexpr (kMoveRegisters) warpgroup_registers_release<40>();
+    if (warp == kConsumers * 4 && lane == 0) {
+      const QueryOperands<2> query{{&q_map, &do_map}, {ba.forward.q_strides, ba.grad_out_strides}};
+      produce<T, D, M, kKeyTile, STAGES>(query, &k_map, &v_map, ba.forward, q_tiles, work_counter,
+                                         ring);
+    }
+  } else {
+    if constexpr (kMoveRegisters) warpgroup_registers_claim<232>();
+    consume_query_tiles<T, D, kConsumers, STAGES>(ba, q_tiles, ring, warp, lane);
+  }
+#endif
+}
+
+// ---------------------------------------------------------------- host side
+
+// A persistent launch of `kernel` over `items` work items.
+template <typename Kernel, typename... Args>
+KernelStatus launch_persistent(Kernel kernel, int threads, int smem_bytes, int64_t items,
+                               cudaStream_t stream, Args... args) {
+  if (items == 0) return KernelStatus::ok();
+  if (items > 0x7fffffff) return KernelStatus::invalid("too many tiles for one grid");
+  const cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+  if (err != cudaSuccess) return to_status(err);
+  const int64_t ctas = std::min(items, resident_capacity(kernel, threads, smem_bytes));
+  kernel<<<static_cast<unsigned>(ctas), threads, smem_bytes, stream>>>(args...);
+  return launch_status();
+}
+
+template <typename T, int D, int kConsumers>
+KernelStatus launch_grad_kv(const BlockSparseAttentionBackwardArgs& ba, int* work_counter,
+                            cudaStream_t stream) {
+  const BlockSparseAttentionArgs& a = ba.forward;
+  constexpr int NK = 64 * kConsumers;
+  constexpr int kStages = KeyTileLayout<D, NK, 3>::kAllocBytes <= 227 * 1024 ? 3 : 2;
+  using L = KeyTileLayout<D, NK, kStages>;
+  CUtensorMap q_map, do_map, k_map, v_map;
+  if (!encode_operand(&q_map, a.dtype, a.q, a.batch, a.heads, a.q_len, D, a.q_strides, kRowTile) ||
+      !encode_operand(&do_map, a.dtype, ba.grad_out, a.batch, a.heads, a.q_len, D,
+                      ba.grad_out_strides, kRowTile) ||
+      !encode_operand(&k_map, a.dtype, a.k, a.batch, a.kv_heads, a.k_len, D, a.k_strides, NK) ||
+      !encode_operand(&v_map, a.dtype, a.v, a.batch, a.kv_heads, a.k_len, D, a.v_strides, NK)) {
+    return KernelStatus::invalid("could not describe the operands to the tensor copy engine");
+  }
+  const int64_t k_tiles = ceil_div(a.k_len, NK);
+  return launch_persistent(hopper_grad_kv<T, D, kConsumers, kStages>,
+                           hopper_threads<kConsumers>(), L::kAllocBytes,
+                           k_tiles * a.batch * a.kv_heads, stream, q_map, do_map, k_map, v_map,
+                           ba, k_tiles, work_counter);
+}
+
+template <typename T, int D, int kConsumers>
+KernelStatus launch_grad_q(const BlockSparseAttentionBackwardArgs& ba, int* work_counter,
+                           cudaStream_t stream) {
+  const BlockSparseAttentionArgs& a = ba.forward;
+  constexpr int M = 64 * kConsumers;
+  constexpr int kStages =
+      kConsumers > 1 && HopperLayout<D, M, kKeyTile, 3, 2>::kAllocBytes <= 227 * 1024 ? 3 : 2;
+  using L = HopperLayout<D, M, kKeyTile, kStages, 2>;
+  CUtensorMap q_map, do_map, k_map, v_map;
+  if (!encode_operand(&q_map, a.dtype, a.q, a.batch, a.heads, a.q_len, D, a.q_strides, M) ||
+      !encode_operand(&do_map, a.dtype, ba.grad_out, a.batch, a.heads, a.q_len, D,
+                      ba.grad_out_strides, M) ||
+      !encode_operand(&k_map, a.dtype, a.k, a.batch, a.kv_heads, a.k_len, D, a.k_strides,
+                      kKeyTile) ||
+      !encode_operand(&v_map, a.dtype, a.v, a.batch, a.kv_heads, a.k_len, D, a.v_strides,
+                      kKeyTile)) {
+    return KernelStatus::invalid("could not describe the operands to the tensor copy engine");
+  }
+  const int64_t q_tiles = ceil_div(a.q_len, M);
+  return launch_persistent(hopper_grad_q<T, D, kConsumers, kStages>, hopper_threads<kConsumers>(),
+                           L::kAllocBytes, q_tiles * a.batch * a.heads, stream, q_map, do_map,
+                           k_map, v_map, ba, q_tiles, work_counter);
+}
+
+template <typename T, int D>
+KernelStatus launch_for_blocks(const BlockSparseAttentionBackwardArgs& ba, int* counters,
+                               cudaStream_t s) {
+  const BlockSparseAttentionArgs& a = ba.forward;
+  // 128 keys (two warpgroups) per dK / dV item where the key block allows
+  // it; 128 query rows per dQ item where the query block does.
+  const KernelStatus kv = a.block_k % 128 == 0 ? launch_grad_kv<T, D, 2>(ba, counters, s)
+                                               : launch_grad_kv<T, D, 1>(ba, counters, s);
+  if (!kv.is_ok()) return kv;
+  return a.block_q % 128 == 0 ? launch_grad_q<T, D, 2>(ba, counters + 1, s)
+                              : launch_grad_q<T, D, 1>(ba, counters + 1, s);
+}
+
+template <typename T>
+KernelStatus launch_for_dtype(const BlockSparseAttentionBackwardArgs& ba, int* counters,
+                              cudaStream_t s) {
+  return ba.forward.head_dim == 64 ? launch_for_blocks<T, 64>(ba, counters, s)
+                                   : launch_for_blocks<T, 128>(ba, counters, s);
+}
+
+}  // namespace
+
+KernelStatus block_sparse_attention_backward_hopper_cuda(const BlockSparseAttentionBackwardArgs& ba,
+                                                         int* work_counters, void* stream) {
+  BlockSparseAttentionArgs layout = ba.forward;  // the alignment test of the forward's operands
+  layout.out = const_cast<void*>(ba.grad_out);  // only its address is tested
+  std::copy(ba.grad_out_strides, ba.grad_out_strides + 4, layout.out_strides);
+  if (tensor_core_tile_rows(layout) == 0 || ba.rows_stride % 128 != 0) {
+    return KernelStatus::invalid("problem not eligible for the Hopper backward kernels");
+  }
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (ba.forward.dtype == FloatDtype::kFloat16) return launch_for_dtype<__half>(ba, work_counters, s);
+  return launch_for_dtype<__nv_bfloat16>(ba, work_counters, s);
+}
+
+}  // namespace baracuda
