@@ -1,6 +1,9 @@
-"""Main-job rows of block-sparse attention: float64 SDPA with the equivalent
-dense mask as reference, dense-masked SDPA in the input dtype as the timed
-peer (what a user without block sparsity would call)."""
+"""Main-job rows of block-sparse attention, forward and backward: float64
+SDPA with the equivalent dense mask as reference, dense-masked SDPA in the
+input dtype as the timed peer (what a user without block sparsity would
+call). Backward rows compare the gradients of q, k and v (flattened one
+after the other) for one fixed output gradient; their peer is SDPA's
+backward on the same mask."""
 
 import math
 
@@ -21,11 +24,13 @@ def _reference(q, k, v, m, block_size, is_causal):
     return out.masked_fill(~dense.any(-1, keepdim=True), 0.0)  # empty rows: 0, not NaN
 
 
+def _inputs(device, dtype, seed, *shapes):
+    g = torch.Generator(device=device).manual_seed(seed)
+    return [torch.randn(*s, generator=g, device=device).to(dtype) for s in shapes]
+
+
 def _case(device, dtype, B, H, Hkv, L, D, pattern, block_size, is_causal):
-    g = torch.Generator(device=device).manual_seed(0)
-    q = torch.randn(B, H, L, D, generator=g, device=device).to(dtype)
-    k = torch.randn(B, Hkv, L, D, generator=g, device=device).to(dtype)
-    v = torch.randn(B, Hkv, L, D, generator=g, device=device).to(dtype)
+    q, k, v = _inputs(device, dtype, 0, (B, H, L, D), (B, Hkv, L, D), (B, Hkv, L, D))
     m = pattern(L).to(device)
     dense = masks.to_dense(m, L, L, block_size, is_causal=is_causal)
     group = H // Hkv
@@ -36,6 +41,44 @@ def _case(device, dtype, B, H, Hkv, L, D, pattern, block_size, is_causal):
                  lambda: bt.block_sparse_attention(q, k, v, m, block_size=block_size, is_causal=is_causal),
                  lambda: _reference(q, k, v, m, block_size, is_causal),
                  lambda: F.scaled_dot_product_attention(q, kp, vp, attn_mask=dense),
+                 tolerance=tol)
+
+
+def _grads(attention, q, k, v, grad_out):
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    dq, dk, dv = torch.autograd.grad(attention(q, k, v), (q, k, v), grad_out)
+    return torch.cat([dq.flatten(), dk.flatten(), dv.flatten()])
+
+
+def _backward_case(device, dtype, B, H, Hkv, L, D, pattern, block_size, is_causal):
+    q, k, v, grad_out = _inputs(device, dtype, 1, (B, H, L, D), (B, Hkv, L, D), (B, Hkv, L, D),
+                                (B, H, L, D))
+    m = pattern(L).to(device)
+    dense = masks.to_dense(m, L, L, block_size, is_causal=is_causal)
+    group = H // Hkv
+
+    def ours(q, k, v):
+        return bt.block_sparse_attention(q, k, v, m, block_size=block_size, is_causal=is_causal)
+
+    def reference(q, k, v):
+        # By plain ops, so that rows that see no key (SDPA's NaN) get zero gradients.
+        kr, vr = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        s = (q @ kr.transpose(-1, -2) / math.sqrt(D)).masked_fill(~dense, -math.inf)
+        s = s.masked_fill(~dense.any(-1, keepdim=True), 0.0)
+        return torch.softmax(s, -1).mul(dense) @ vr
+
+    def peer(q, k, v):
+        kp, vp = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        return F.scaled_dot_product_attention(q, kp, vp, attn_mask=dense)
+
+    # Gradients are sums over up to L keys of products of O(1) values: the
+    # tolerance scales with the row length (half types round each gradient).
+    tol = {torch.bfloat16: 1e-1, torch.float16: 2e-2, torch.float32: 2e-4, torch.float64: 1e-9}[dtype]
+    name = "block_sparse_attention backward" + (" causal" if is_causal else "")
+    return Check(name, dtype, f"{B}x{H}x{L}x{D} kv{Hkv} blk{block_size}",
+                 lambda: _grads(ours, q, k, v, grad_out),
+                 lambda: _grads(reference, q.double(), k.double(), v.double(), grad_out.double()),
+                 lambda: _grads(peer, q, k, v, grad_out),
                  tolerance=tol)
 
 
@@ -50,4 +93,7 @@ def checks(device):
         _case(device, torch.bfloat16, 1, 8, 8, L, 128, lambda n: masks.causal(n, n, 64), 64, True),
         _case(device, torch.float32, 1, 4, 4, L // 2, 80, rand(32, 4), 32, False),
         _case(device, torch.float64, 1, 2, 1, 130, 16, window(16), 16, True),
+        _backward_case(device, torch.bfloat16, 1, 4, 2, L // 2, 64, window(64), 64, True),
+        _backward_case(device, torch.float32, 1, 4, 4, L // 4, 48, rand(32, 4), 32, False),
+        _backward_case(device, torch.float64, 1, 2, 1, 130, 16, window(16), 16, True),
     ]
