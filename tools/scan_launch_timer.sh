@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Builds benchmarks/scan_launch_timer.cu against the scan kernels with nvcc
+# Builds tools/scan_launch_timer.cu against the scan kernels with nvcc
 # (no torch, about a minute) and runs it on the local GPU.
 #
-#   bash benchmarks/scan_launch_timer.sh [TEXT]     cases whose name contains TEXT
+#   bash tools/scan_launch_timer.sh [TEXT]     cases whose name contains TEXT
 #
 # SCAN_DTYPE=bf16|f32 keeps one dtype; SCAN_X=bench draws every op's x as
 # the benchmark does (near 1), SCAN_X=masked / masked_short sets every
@@ -35,7 +35,7 @@ trap 'rm -rf "$tmp"' EXIT
 # The scan's .cu files (its entry points, and a part per storage type and
 # direction: scan/scan_cuda_parts.h) and the timer compile side by side.
 pids=()
-for src in kernels/scan/*.cu benchmarks/scan_launch_timer.cu; do
+for src in kernels/scan/*.cu tools/scan_launch_timer.cu; do
     # shellcheck disable=SC2086  # NVCC_FLAGS is a list of flags
     nvcc "${flags[@]}" ${NVCC_FLAGS:-} -c "$src" -o "$tmp/$(basename "$src" .cu).o" &
     pids+=("$!")
