@@ -11,12 +11,7 @@
 # shapes (along dim -1 and dim 1);
 # NVCC_ARCH (default 90a) picks the GPU target; NVCC_FLAGS adds flags to
 # the kernels' and the timer's compile (a -D to try a variant: the timer
-# sizes workspaces from the same plan;
-# -DBARACUDA_STAGED_TIMELINE prints, after each case on the staged long
-# rows, where its blocks spend their time: scan/scan_staged_timeline.cuh;
-# -DBARACUDA_LONG_ROWS_NO_PREFIX scans every tile of the long_rows kernel
-# and of the staged long rows from the identity, results wrong, to measure
-# what their look-back costs);
+# sizes workspaces from the same plan);
 # TIMER_BIN (default build/scan_launch_timer) is where the program goes;
 # BUILD_ONLY=1 builds without running.
 set -euo pipefail
