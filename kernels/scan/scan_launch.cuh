@@ -275,15 +275,8 @@ __global__ void __launch_bounds__(kScanBlock, kLongRowsBlocksPerSm<Op>)
 #pragma unroll
   for (int c = 1; c < kChunks; ++c) tile_total = totals.combine(tile_total, chunk_totals.chunk[c]);
   // Its barrier also frees the block scan's shared memory for the stores.
-#ifdef BARACUDA_LONG_ROWS_NO_PREFIX
-  // Measurement only (results wrong): every tile scanned from the identity.
-  __syncthreads();
-  Total run = totals.identity();
-  (void)tile_total, (void)mark;
-#else
   Total run = tile_prefix(totals, tile_total, ws.tile_totals + row * tiles,
                           ws.group_totals + row * groups, tile, groups, mark);
-#endif
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     scan_thread_run(op, totals.combine(run, before.chunk[c]), r[c].blocked, r[c].memo);

@@ -5,7 +5,7 @@
 // by a kernel of its own just ahead (common/zeroed_launch.cuh). With the
 // zeroing, queuing a strip_tiles or column_tiles call took 11-16 us of the
 // host's time against 7-10 on the paths with no workspace (H200,
-// benchmarks/scan_host_probe.py). The staged long rows, launched
+// tools/scan_host_probe.py). The staged long rows, launched
 // cooperatively, lease their slots themselves (scan_launch.cuh). No torch
 // headers.
 #pragma once

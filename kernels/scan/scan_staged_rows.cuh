@@ -29,7 +29,6 @@
 #include "scan/scan_block.cuh"
 #include "scan/scan_plan.h"
 #include "scan/scan_publish.cuh"
-#include "scan/scan_staged_timeline.cuh"
 
 namespace baracuda {
 namespace scan {
@@ -587,7 +586,6 @@ __device__ void publish_staged_total(const Op& op, const StateOf<Op>& total,
   const int64_t group_first = group * kGroupTiles;
   if (threadIdx.x == 0) publish_flagged(row_tiles + tile, total, mark);
   if (tile - group_first == kGroupTiles - 1 && group + 1 < groups) {
-    STAGED_STAMP_CLOSER();
     const StateOf<Op> v = fold_group_tiles(op, row_tiles + group_first, kGroupTiles - 1, mark);
     if (threadIdx.x == 0) publish_flagged(row_groups + group, op.combine(v, total), mark);
   }
@@ -1008,7 +1006,6 @@ __global__ void __launch_bounds__(kScanBlock, Tiles::kBlocksPerSm)
   using Total = typename Tiles::Total;
   const typename Tiles::Totals totals = tiles_of.totals();
   const int64_t tiles = tiles_of.tiles;
-  STAGED_STAMP(0);
   extern __shared__ __align__(128) unsigned char dynamic_shared[];
   unsigned char* const stages = [] {
     constexpr uint32_t kAlign = StageAlignOf<Tiles>::value;
@@ -1033,7 +1030,7 @@ __global__ void __launch_bounds__(kScanBlock, Tiles::kBlocksPerSm)
   // second and third at once, the last first tiles came in up to 13 us after
   // the start (median 5), and memory idled behind them. H100, [1, 16M]
   // cumsum: bfloat16 34.4 -> 32.8 us, float32 58.4 -> 55.3-56.6
-  // (benchmarks/RESULTS.md, with the block-by-block timeline).
+  // (measured with a block-by-block timeline).
   if (threadIdx.x == 0) {
     for (int s = 0; s < Tiles::kStages; ++s) mbarrier_init(&full[s], 1);
     mbarrier_init_fence();
@@ -1060,7 +1057,6 @@ __global__ void __launch_bounds__(kScanBlock, Tiles::kBlocksPerSm)
   ask_ramp(1);
   const Total first_total = tiles_of.fold(here, stage_of(0), cur);
   publish(here, first_total);
-  STAGED_STAMP(1);
   // Round i scans tile blockIdx.x + i * step from stage i % Tiles::kStages,
   // whose barrier is then in its (i / Tiles::kStages)-th phase.
   int slot = 0, phase = 0, i = 0;
@@ -1103,10 +1099,8 @@ __global__ void __launch_bounds__(kScanBlock, Tiles::kBlocksPerSm)
       there = tiles_of.place(g + step);
       mbarrier_wait(&full[next_slot], next_phase);
       if (reads_after_data) start_prefix_reads();
-      STAGED_STAMP(2 + 4 * i);
       ask_ramp(i + 2);
       publish(there, tiles_of.fold(there, stage_of(next_slot), next));
-      STAGED_STAMP(3 + 4 * i);
     }
     if constexpr (Tiles::kDeferredRequests) {
       // The previous round's stage, asked for again only now: its store has
@@ -1120,10 +1114,6 @@ __global__ void __launch_bounds__(kScanBlock, Tiles::kBlocksPerSm)
       }
     }
     auto prefix_of_here = [&]() -> Total {
-#ifdef BARACUDA_LONG_ROWS_NO_PREFIX
-      // Measurement only (results wrong): every tile scanned from the identity.
-      return totals.identity();
-#else
       if constexpr (kStride) {
         return finish_stride_prefix<kReads, kEarly, Tiles::kJoinOnOwnPrefix>(
             totals, early, row_tiles, here.tile, step, own_prefix, mark);
@@ -1133,23 +1123,19 @@ __global__ void __launch_bounds__(kScanBlock, Tiles::kBlocksPerSm)
       } else {
         return staged_prefix(totals, row_tiles, row_groups, here.tile, mark);
       }
-#endif
     };
     if constexpr (Tiles::kPrefetches) {
       // The scan's reads from memory go out before the wait for the prefix.
       const typename Tiles::Prefetched pre = tiles_of.prefetch(here);
       const Total prefix = prefix_of_here();
       if constexpr (kStride) own_prefix = prefix;
-      STAGED_STAMP(4 + 4 * i);
       scan_with_maps(tiles_of, maps, here, stage_of(slot), cur, prefix, pre);
     } else {
       const Total prefix = prefix_of_here();
       if constexpr (kStride) own_prefix = prefix;
-      STAGED_STAMP(4 + 4 * i);
       scan_with_maps(tiles_of, maps, here, stage_of(slot), cur, prefix);
     }
     __syncthreads();  // every thread is done with the stage
-    STAGED_STAMP(5 + 4 * i);
     if (!Tiles::kDeferredRequests && threadIdx.x == 0 && g + Tiles::kStages * step < all) {
       if constexpr (Tiles::kBulkStores) bulk_store_wait_read();
       request_with_maps(tiles_of, maps, tiles_of.place(g + Tiles::kStages * step),

@@ -8,10 +8,10 @@
 // each configuration: a copy of the same bytes (cudaMemcpyAsync and two
 // copy kernels) and the memset of the published slots alone. It measures how
 // close such a kernel comes to a copy before the scan engine's general ops
-// are fitted into it (benchmarks/RESULTS.md).
+// are fitted into it (numbers in the git history of benchmarks/RESULTS.md).
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a \
-//        -o build/staged_scan_probe benchmarks/staged_scan_probe.cu && build/staged_scan_probe
+//        -o build/staged_scan_probe tools/staged_scan_probe.cu && build/staged_scan_probe
 //
 // Columns: V = 16-byte vectors per thread and tile (a tile is 256 V vectors),
 // S = stages; times are medians of 30 calls queued back to back on cold

@@ -8,7 +8,7 @@ and torch's call host included; then ``torch.profiler``'s table of 50 calls
 on two of the shapes, which names the host calls a scan makes (launches,
 allocations).
 
-    python benchmarks/scan_host_probe.py
+    python tools/scan_host_probe.py
 """
 
 import statistics

@@ -44,7 +44,6 @@
 
 #include "scan/scan_kernels.h"
 #include "scan/scan_plan.h"
-#include "scan/scan_staged_timeline.cuh"  // empty without -DBARACUDA_STAGED_TIMELINE
 
 using namespace baracuda;
 
@@ -405,17 +404,6 @@ int main(int argc, char** argv) {
           check_cuda(cudaDeviceSynchronize(), c.name().c_str());
           const double err = relative_error(c, *sets[0]);
           const float us = median_us([&](int r) { launch_case(c, *sets[r % count]); });
-#ifdef BARACUDA_STAGED_TIMELINE
-          // The call stamped follows two others (and the stamps' zeroing)
-          // in the stream, on cold inputs, as the timed calls do.
-          launch_case(c, *sets[1]);
-          launch_case(c, *sets[0]);
-          scan::clear_staged_timeline();
-          launch_case(c, *sets[1]);
-          check_cuda(cudaDeviceSynchronize(), "timeline");
-          std::printf("%s, %s:\n", c.name().c_str(), bf16 ? "bfloat16" : "float32");
-          scan::print_staged_timeline();
-#endif
           sets.clear();
           const float copy_us = same_bytes_copy_us(c.bytes_moved());
           std::printf("| %s | %s | %s | %.1f | %.1f | %.1f | %.2e |\n", c.name().c_str(),

@@ -4,10 +4,10 @@
 // (sets rotated past 200 MB; medians of five batches of 21 calls, events
 // around each batch), and checked against a float64 scan on the host: the
 // largest error over max(1, |y|), which a bfloat16 result's own rounding
-// puts at 0.0039. benchmarks/RESULTS.md has the numbers.
+// puts at 0.0039. Its numbers are in the git history of benchmarks/RESULTS.md.
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a \
-//        -o build/long_row_probe benchmarks/long_row_probe.cu
+//        -o build/long_row_probe tools/long_row_probe.cu
 //   build/long_row_probe [n]         every design below on a row of n
 //   build/long_row_probe reread      the L2 reuse table alone
 //

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Builds benchmarks/scan_launch_timer.cu against the scan kernels with nvcc
+# Builds tools/scan_launch_timer.cu against the scan kernels with nvcc
 # (no torch, about a minute) and runs it on the local GPU.
 #
-#   bash benchmarks/scan_launch_timer.sh [TEXT]     cases whose name contains TEXT
+#   bash tools/scan_launch_timer.sh [TEXT]     cases whose name contains TEXT
 #
 # SCAN_DTYPE=bf16|f32 keeps one dtype; SCAN_X=bench draws every op's x as
 # the benchmark does (near 1), SCAN_X=masked / masked_short sets every
@@ -11,12 +11,7 @@
 # shapes (along dim -1 and dim 1);
 # NVCC_ARCH (default 90a) picks the GPU target; NVCC_FLAGS adds flags to
 # the kernels' and the timer's compile (a -D to try a variant: the timer
-# sizes workspaces from the same plan;
-# -DBARACUDA_STAGED_TIMELINE prints, after each case on the staged long
-# rows, where its blocks spend their time: scan/scan_staged_timeline.cuh;
-# -DBARACUDA_LONG_ROWS_NO_PREFIX scans every tile of the long_rows kernel
-# and of the staged long rows from the identity, results wrong, to measure
-# what their look-back costs);
+# sizes workspaces from the same plan);
 # TIMER_BIN (default build/scan_launch_timer) is where the program goes;
 # BUILD_ONLY=1 builds without running.
 set -euo pipefail
@@ -35,7 +30,7 @@ trap 'rm -rf "$tmp"' EXIT
 # The scan's .cu files (its entry points, and a part per storage type and
 # direction: scan/scan_cuda_parts.h) and the timer compile side by side.
 pids=()
-for src in kernels/scan/*.cu benchmarks/scan_launch_timer.cu; do
+for src in kernels/scan/*.cu tools/scan_launch_timer.cu; do
     # shellcheck disable=SC2086  # NVCC_FLAGS is a list of flags
     nvcc "${flags[@]}" ${NVCC_FLAGS:-} -c "$src" -o "$tmp/$(basename "$src" .cu).o" &
     pids+=("$!")

@@ -5,7 +5,7 @@ For [2, 1048577] and [1, 8388609], each op's forward on x and its scan_backward 
 dy, timed on its own through torch.ops.baracuda with
 ``baracuda_torch._timing.median_us(..., device_only=True)``:
 
-    python benchmarks/scan_float64_rows.py
+    python tools/scan_float64_rows.py
 """
 
 import torch

@@ -5,7 +5,7 @@ device keeps up with calls this small); rounds alternate the calls, 15 rounds, m
 minimum. torch.neg is an allocation and a launch, z.neg_() a launch alone,
 ops.scan_path.default a baracuda op that launches nothing:
 
-    python benchmarks/scan_host_parts.py
+    python tools/scan_host_parts.py
 """
 
 import statistics
