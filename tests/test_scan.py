@@ -1948,3 +1948,17 @@ def test_compile_position_ids_no_recompile(device, rng):
         for a, b in zip(got, ref):
             assert_same(a, b)
     assert counter.frame_count == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", ARITHMETIC + EXTREME)
+def test_integer_scans_large_on_cuda(name):
+    """Sizes the CPU suite keeps small: rows of many block steps, many column
+    tiles, more tiles than blocks; bit for bit against torch."""
+    g = torch.Generator().manual_seed(5)
+    for shape, dim in (((2, 1 << 20), -1), ((3, 300001), 1), ((100000, 40), 0),
+                       ((50, 3000, 7), 1), ((200000, 3), -1)):
+        for dtype in (torch.int64, torch.int8, torch.bool):
+            x = random_integers(shape, dtype, g, name).cuda()
+            for reverse in (False, True):
+                check_int(name, x, dim, reverse)
