@@ -15,8 +15,14 @@ op                    returns                  backward reads (besides dy)
 ====================  =======================  ==========================
 
 Dtypes: float16, bfloat16, float32, float64 (half types accumulate in
-float32). Integer and bool inputs are rejected with an error; cast them to a
-float type first (torch would promote cumsum / cumprod of integers to int64).
+float32), and integer and bool inputs as torch takes them: ``cumsum`` /
+``cumprod`` of integers and bool give int64 (wrapping on overflow, as
+torch), or scan in ``dtype=`` when given (``x`` is cast to it first, as
+``torch.cumsum(x, dim, dtype=...)``; uint8, int8, int16, int32, int64 or a
+float type); ``cummax`` / ``cummin`` keep bool, uint8, int8, int16, int32 and
+int64 values; ``logcumsumexp`` takes float types only. Integer results have
+no gradient; an integer ``dtype=`` for an ``x`` that requires grad is an
+error, as in torch.
 Any ``dim`` (negative too), any rank (a 0-d tensor scans as one element), any
 strides (a non-contiguous input is copied once), empty tensors. Results are
 contiguous and bit-identical run to run.
@@ -42,9 +48,10 @@ from torch import Tensor
 _OPS = torch.ops.baracuda
 
 
-def cumsum(x: Tensor, dim: int, *, reverse: bool = False) -> Tensor:
+def cumsum(x: Tensor, dim: int, *, dtype: torch.dtype = None, reverse: bool = False) -> Tensor:
     """Cumulative sum of ``x`` along ``dim``: ``y_i = x_0 + ... + x_i``
-    (``y_i = x_i + ... + x_{n-1}`` with ``reverse=True``).
+    (``y_i = x_i + ... + x_{n-1}`` with ``reverse=True``), in ``dtype`` when
+    given (``x`` cast to it first), else int64 for integer and bool ``x``.
 
     Example::
 
@@ -52,20 +59,23 @@ def cumsum(x: Tensor, dim: int, *, reverse: bool = False) -> Tensor:
         tensor([1., 3., 6.])
         >>> cumsum(torch.tensor([1., 2., 3.]), 0, reverse=True)
         tensor([6., 5., 3.])
+        >>> cumsum(torch.tensor([True, False, True]), 0)  # position ids from a mask
+        tensor([1, 1, 2])
     """
-    return _OPS.cumsum.default(x, dim, reverse)
+    return _OPS.cumsum.default(x, dim, reverse, dtype)
 
 
-def cumprod(x: Tensor, dim: int, *, reverse: bool = False) -> Tensor:
-    """Cumulative product of ``x`` along ``dim``. Its gradient is exact when
-    ``x`` holds zeros (no division by ``x``).
+def cumprod(x: Tensor, dim: int, *, dtype: torch.dtype = None, reverse: bool = False) -> Tensor:
+    """Cumulative product of ``x`` along ``dim``, in ``dtype`` as
+    :func:`cumsum`. Its gradient is exact when ``x`` holds zeros (no division
+    by ``x``).
 
     Example::
 
         >>> cumprod(torch.tensor([2., 0., 3.]), 0)
         tensor([2., 0., 0.])
     """
-    return _OPS.cumprod.default(x, dim, reverse)
+    return _OPS.cumprod.default(x, dim, reverse, dtype)
 
 
 def logcumsumexp(x: Tensor, dim: int, *, reverse: bool = False) -> Tensor:
@@ -113,7 +123,8 @@ def scan_path(x: Tensor, dim: int) -> str:
     per strip step), ``column_tiles`` (fewer columns, or strips' lanes
     mostly idle, or a longer axis, an axis of 17 to 32768 positions: one
     pass over tiles of 16 positions), ``columns`` (other non-innermost axes:
-    a thread per column) or ``empty``."""
+    a thread per column), ``integer`` (integer and bool ``x``, on both
+    devices: the one engine of exact integer scans) or ``empty``."""
     return _OPS.scan_path.default(x, dim)
 
 
@@ -124,12 +135,20 @@ def _fake_scan(x, dim, reverse=False):
     return x.new_empty(x.shape)
 
 
+def _fake_scan_in_dtype(x, dim, reverse=False, dtype=None):
+    if dtype is None:
+        integral = not (x.dtype.is_floating_point or x.dtype.is_complex)
+        dtype = torch.int64 if integral else x.dtype
+    return x.new_empty(x.shape, dtype=dtype)
+
+
 def _fake_scan_with_indices(x, dim, reverse=False):
     return x.new_empty(x.shape), x.new_empty(x.shape, dtype=torch.long)
 
 
-for _name in ("cumsum", "cumprod", "logcumsumexp"):
-    torch.library.register_fake(f"baracuda::{_name}")(_fake_scan)
+for _name in ("cumsum", "cumprod"):
+    torch.library.register_fake(f"baracuda::{_name}")(_fake_scan_in_dtype)
+torch.library.register_fake("baracuda::logcumsumexp")(_fake_scan)
 for _name in ("cummax", "cummin"):
     torch.library.register_fake(f"baracuda::{_name}")(_fake_scan_with_indices)
 

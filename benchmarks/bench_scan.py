@@ -90,6 +90,33 @@ def _backward_case(name, shape, dim, dtype, device, label):
                 device_only=True, same_bytes_copy=True)
 
 
+def _integer_cases(device, rows, cols, long_len):
+    """The integer engine: position ids from an attention mask (int64 cumsum
+    of 0 / 1 along the sequence), int32 cummax along either axis (values of
+    0..3: many ties), and one long int64 row (a single block walks it: the
+    engine's weak shape). Bytes: x read, y (+ int64 indices) written."""
+    specs = [("cumsum", torch.int64, (rows, cols), -1, 2),
+             ("cumsum", torch.int64, (rows, cols), 0, 2),
+             ("cummax", torch.int32, (rows, cols), -1, 4),
+             ("cummax", torch.int32, (rows, cols), 0, 4),
+             ("cumsum", torch.int64, (1, long_len), -1, 2)]
+    out = []
+    for name, dtype, shape, dim, high in specs:
+        numel = torch.Size(shape).numel()
+        esize = torch.empty((), dtype=dtype).element_size()
+        moved = numel * (esize + 8) if name == "cumsum" else numel * (2 * esize + 8)
+        sets = [torch.randint(0, high, shape, device=device, dtype=dtype)
+                for _ in range(n_sets(moved))]
+        label = f"{list(shape)} dim={dim}"
+        out.append(Case(f"{name} fwd {label}", dtype=dtype_name(dtype), bytes_moved=moved,
+                        ours=rotate([lambda x=x, f=getattr(bt, name), d=dim: f(x, d)
+                                     for x in sets]),
+                        peer=rotate([lambda x=x, f=getattr(torch, name), d=dim: f(x, d)
+                                     for x in sets]),
+                        peer_name=f"torch.{name}", device_only=True, same_bytes_copy=True))
+    return out
+
+
 def cases(device, quick=False):
     rows, cols, long_len = (64, 128, 4096) if quick else (4096, 8192, 1 << 24)
     shapes = [((rows, cols), -1, f"[{rows}, {cols}] dim=-1"),
@@ -101,4 +128,4 @@ def cases(device, quick=False):
             for name in OPS:
                 out += _forward_cases(name, shape, dim, dtype, device, label)
                 out.append(_backward_case(name, shape, dim, dtype, device, label))
-    return out
+    return out + _integer_cases(device, rows, cols, long_len)

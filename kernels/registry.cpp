@@ -67,10 +67,11 @@ TORCH_LIBRARY(baracuda, m) {
 
   // ---- scans along one axis: cumsum, cumprod, logcumsumexp, cummax, cummin ----
   // torch semantics; reverse=True scans from the last element to the first
-  // (indices stay in the original coordinates).
-  m.def("cumsum(Tensor x, int dim, bool reverse=False) -> Tensor",
+  // (indices stay in the original coordinates). dtype: as torch.cumsum's
+  // (x cast to it first; integer and bool x give int64 without it).
+  m.def("cumsum(Tensor x, int dim, bool reverse=False, ScalarType? dtype=None) -> Tensor",
         {at::Tag::pt2_compliant_tag});
-  m.def("cumprod(Tensor x, int dim, bool reverse=False) -> Tensor",
+  m.def("cumprod(Tensor x, int dim, bool reverse=False, ScalarType? dtype=None) -> Tensor",
         {at::Tag::pt2_compliant_tag});
   m.def("logcumsumexp(Tensor x, int dim, bool reverse=False) -> Tensor",
         {at::Tag::pt2_compliant_tag});

@@ -80,6 +80,18 @@ def test_scans_on_second_device(shape, dim, path, dtype):
     assert_same_on_both_devices(case)
 
 
+def test_integer_scans_on_second_device():
+    def case(device, g):
+        x = torch.randint(-3, 4, (70, 300), generator=g).to(device)
+        out = [bt.cumsum(x, -1), bt.cumprod(x, 0, dtype=torch.int8, reverse=True),
+               bt.cumsum(x > 0, 1, dtype=torch.int32)]
+        for name in ("cummax", "cummin"):
+            out += list(getattr(bt, name)(x.to(torch.int16), 0))
+        return out
+
+    assert_same_on_both_devices(case)
+
+
 def test_write_slice_on_second_device():
     def case(device, g):
         cache = randn((4, 8, 64, 128), g, torch.bfloat16).to(device)

@@ -969,7 +969,8 @@ def test_compile_fullgraph_dynamic_no_recompile(device, rng):
 @pytest.mark.parametrize("name", ALL_OPS)
 def test_errors_name_op_and_value(device, name):
     op = getattr(torch.ops.baracuda, name)
-    for dtype in (torch.int64, torch.int32, torch.bool):
+    # Integer and bool inputs: test_integer_dtype_errors_name_op_and_dtype.
+    for dtype in (torch.complex64, torch.complex128):
         with pytest.raises(RuntimeError, match=rf"baracuda::{name}: x.dtype=\w+ is not supported"):
             op(torch.ones(3, dtype=dtype, device=device), 0)
     with pytest.raises(RuntimeError, match=rf"baracuda::{name}: dim=5 out of range for a rank-2"):
@@ -1697,3 +1698,267 @@ def test_long_rows_more_tile_groups_than_readers_on_cuda():
             assert ref.abs().max().item() < 1 << 24
             got = bt.cumsum(x, 1, reverse=reverse)
             assert torch.equal(got.long(), ref)
+
+
+# ---------------------------------------------------------------- integer and bool scans, dtype=
+#
+# References are torch's own integer ops on the CPU, in the same dtypes:
+# integer scans are exact, so results must match bit for bit (overflow
+# wraps the same way), cummax / cummin indices (ties: the later element)
+# included. Shapes reach the integer kernel's edges on CUDA: rows of one
+# block step (256 threads x 8 positions) and a position past it, inner sizes
+# below, at and past one 32-column tile, more tiles than one launch's blocks.
+
+ARITHMETIC = ["cumsum", "cumprod"]
+# Every input dtype torch takes for each op (cumsum / cumprod give int64).
+INT_INPUTS = {
+    "cumsum": [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+               torch.uint16, torch.uint32, torch.uint64],
+    "cummax": [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64],
+}
+INT_INPUTS["cumprod"] = INT_INPUTS["cumsum"]
+INT_INPUTS["cummin"] = INT_INPUTS["cummax"]
+# The dtypes torch scans cumsum / cumprod in when dtype= is given.
+SCAN_DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+               torch.float16, torch.bfloat16, torch.float32, torch.float64]
+INT_CASES = [
+    ((5, 37), 0), ((5, 37), -1), ((3, 40, 6), 1), ((4, 3, 2, 5), 2),
+    ((2, 2049), -1), ((1, 4097), 1), ((3, 2048), -1),  # one block step, one past, two past
+    ((200, 40), 0), ((65, 33), 0), ((64, 32), 0), ((129, 3, 31), 0),  # column tiles
+    ((64, 1024), -1),  # two host tasks of lines
+    ((70000, 2), -1),  # more tiles than blocks
+]
+
+
+def random_integers(shape, dtype, g, name="cumsum"):
+    """Small values of `dtype` with many ties (and negatives where signed);
+    cumprod gets odd factors too, so that products wrap rather than vanish."""
+    if dtype == torch.bool:
+        return torch.rand(shape, generator=g) < 0.5
+    signed = dtype.is_signed
+    low, high = (-7, 8) if name == "cumprod" else (-3, 4)
+    x = torch.randint(low if signed else 0, high, shape, generator=g)
+    if name in EXTREME and dtype in (torch.int64, torch.int32, torch.int16, torch.uint8):
+        info = torch.iinfo(dtype)  # the type's extremes too
+        pick = torch.rand(shape, generator=g)
+        x = torch.where(pick < 0.05, torch.tensor(info.max), x)
+        x = torch.where(pick > 0.95, torch.tensor(info.min), x)
+    return x.to(dtype)
+
+
+def flip(x, d):
+    """x.flip(d), for the unsigned types torch's flip lacks too (by their bits)."""
+    signed = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
+    if x.dtype in signed:
+        return x.view(signed[x.dtype]).flip(d).view(x.dtype)
+    return x.flip(d)
+
+
+def int_reference(name, x, dim, reverse=False, **kwargs):
+    """torch's CPU op on x's own dtype, flipped around for reverse (indices
+    back to the original coordinates)."""
+    x = x.cpu()
+    d = dim if x.dim() else 0
+    reverse = reverse and x.dim() > 0  # one element either way
+    src = flip(x, d) if reverse else x
+    out = getattr(torch, name)(src, dim, **kwargs)
+    if name in EXTREME:
+        v, i = out
+        if reverse:
+            v, i = v.flip(d), (x.shape[d] - 1 - i).flip(d)
+        return v, i
+    return out.flip(d) if reverse else out
+
+
+def assert_same(got, ref):
+    """Equal dtypes, shapes and bits."""
+    for a, b in zip(outputs(got), outputs(ref)):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(a.cpu(), b), (a, b)
+
+
+def check_int(name, x, dim, reverse, **kwargs):
+    got = getattr(bt, name)(x, dim, reverse=reverse, **kwargs)
+    assert_same(tuple(got) if name in EXTREME else got, int_reference(name, x, dim, reverse, **kwargs))
+
+
+@pytest.mark.parametrize("name", ARITHMETIC + EXTREME)
+def test_integer_and_bool_scans_match_torch(device, name, rng):
+    for dtype in INT_INPUTS[name]:
+        for shape, dim in INT_CASES:
+            x = random_integers(shape, dtype, rng, name).to(device)
+            assert bt.scan_path(x, dim) == "integer"
+            for reverse in (False, True):
+                check_int(name, x, dim, reverse)
+
+
+@pytest.mark.parametrize("name", ARITHMETIC)
+def test_dtype_argument_matches_torch(device, name, rng):
+    """x is cast to dtype first, then scanned in it; integer dtypes wrap."""
+    inputs = [random_integers((6, 300), torch.int32, rng, name),
+              random_integers((6, 300), torch.bool, rng, name),
+              random_integers((6, 300), torch.uint8, rng, name),
+              torch.randn(6, 300, generator=rng) * 5,  # cast toward zero for integer dtypes
+              torch.randn(6, 300, generator=rng, dtype=torch.float64)]
+    if name == "cumprod":
+        inputs[3:] = [1 + 0.01 * t for t in inputs[3:]]
+    for given in inputs:
+        for dtype in SCAN_DTYPES:
+            x = given
+            if dtype == torch.uint8 and x.is_floating_point():
+                x = x.abs()  # a negative float's cast to uint8 is undefined
+            if name == "cumprod" and dtype.is_floating_point and x.dtype in INT_INPUTS[name][1:]:
+                x = x.clamp(-1, 1)  # integer products in floats would overflow
+            for dim, reverse in ((1, False), (0, True), (-1, True)):
+                got = getattr(bt, name)(x.to(device), dim, dtype=dtype, reverse=reverse)
+                ref = int_reference(name, x, dim, reverse, dtype=dtype)
+                if dtype.is_floating_point:
+                    assert got.dtype == dtype
+                    torch.testing.assert_close(got.double().cpu(), ref.double(),
+                                               **tol(dtype, x.shape[dim]), equal_nan=True)
+                else:
+                    assert_same(got, ref)
+
+
+def test_integer_overflow_wraps_like_torch(device):
+    big = torch.tensor([2**62, 2**62, 2**62, -(2**63), 7, 2**63 - 1])
+    for name in ARITHMETIC:
+        for reverse in (False, True):
+            check_int(name, big.to(device), 0, reverse)
+            for dtype in (torch.int8, torch.uint8, torch.int16, torch.int32):
+                check_int(name, big.to(device), 0, reverse, dtype=dtype)
+    # Products of odd factors wrap without vanishing.
+    odd = torch.full((300,), 3, dtype=torch.int64)
+    check_int("cumprod", odd.to(device), 0, False)
+    assert bt.cumprod(odd.to(device), 0)[-1].item() != 0
+    # uint64's bits are read as torch's cast reads them.
+    u = torch.tensor([2**63 + 5, 1, 2**64 - 1], dtype=torch.uint64)
+    check_int("cumsum", u.to(device), 0, False)
+
+
+def test_integer_scans_empty_scalar_and_strided(device, rng):
+    for name in ARITHMETIC + EXTREME:
+        for dtype in (torch.int64, torch.int8, torch.bool):
+            for shape, dim in (((0, 5), 0), ((0, 5), 1), ((3, 0), 1), ((2, 0, 4), -1)):
+                x = torch.zeros(shape, dtype=dtype, device=device)
+                check_int(name, x, dim, False)
+            check_int(name, torch.tensor(3, dtype=dtype, device=device), 0, True)
+            base = random_integers((7, 40, 9), dtype, rng, name).to(device)
+            views = [base.transpose(0, 2), base[:, ::3, 1:], base[:, :1].expand(7, 5, 9),
+                     base.permute(1, 2, 0)]
+            for v in views:
+                assert not v.is_contiguous()
+                for dim in (0, 1, -1):
+                    for reverse in (False, True):
+                        check_int(name, v, dim, reverse)
+
+
+def test_integer_scans_have_no_gradient():
+    x = torch.randn(4, 5, requires_grad=True)
+    for name in ARITHMETIC:
+        op = getattr(bt, name)
+        # torch refuses an integer dtype for an x that requires grad; so do we.
+        with pytest.raises(RuntimeError, match=rf"baracuda::{name}: dtype=Long gives a result "
+                                               "without gradient"):
+            op(x, 1, dtype=torch.int64)
+        with pytest.raises(RuntimeError):
+            getattr(torch, name)(x, 1, dtype=torch.int64)
+        with torch.no_grad():
+            assert_same(op(x, 1, dtype=torch.int64), getattr(torch, name)(x, 1, dtype=torch.int64))
+        assert not op(x.detach(), 1, dtype=torch.int32).requires_grad
+        # A float dtype stays differentiable, the gradient in x's dtype.
+        y = op(x, 1, dtype=torch.float64, reverse=True)
+        assert y.dtype == torch.float64 and y.requires_grad
+        (g,) = torch.autograd.grad(y.sum(), x)
+        (g_ref,) = torch.autograd.grad(getattr(torch, name)(x.flip(1), 1, dtype=torch.float64)
+                                       .flip(1).sum(), x)
+        assert g.dtype == torch.float32
+        torch.testing.assert_close(g, g_ref)
+    for name in EXTREME:
+        values, indices = getattr(bt, name)(torch.arange(5), 0)
+        assert not values.requires_grad and not indices.requires_grad
+
+
+def test_integer_dtype_errors_name_op_and_dtype(device):
+    ints = torch.ones(3, dtype=torch.int64, device=device)
+    for dtype in (torch.int64, torch.int8, torch.bool):
+        with pytest.raises(RuntimeError, match=r"baracuda::logcumsumexp: x.dtype=\w+ is not "
+                                               "supported"):
+            bt.logcumsumexp(ints.to(dtype), 0)
+    for name in EXTREME:
+        for dtype in (torch.uint16, torch.uint32, torch.uint64):
+            with pytest.raises(RuntimeError, match=rf"baracuda::{name}: x.dtype=UInt\d+ is not "
+                                                   "supported"):
+                getattr(bt, name)(ints.to(dtype), 0)
+    for name in ARITHMETIC:
+        for dtype in (torch.bool, torch.uint16, torch.complex64):
+            with pytest.raises(RuntimeError, match=rf"baracuda::{name}: dtype=\w+ is not "
+                                                   "supported"):
+                getattr(bt, name)(ints, 0, dtype=dtype)
+        with pytest.raises(RuntimeError, match=rf"baracuda::{name}: x.dtype=ComplexFloat is not"):
+            getattr(bt, name)(torch.ones(3, dtype=torch.complex64, device=device), 0)
+
+
+def test_integer_paths():
+    meta = lambda *s, dtype: torch.empty(s, device="meta", dtype=dtype)  # noqa: E731
+    for dtype in (torch.int64, torch.int32, torch.uint8, torch.bool):
+        assert bt.scan_path(meta(4096, 8192, dtype=dtype), -1) == "integer"
+        assert bt.scan_path(meta(4096, 8192, dtype=dtype), 0) == "integer"
+        assert bt.scan_path(meta(0, 5, dtype=dtype), 1) == "empty"
+
+
+def test_opcheck_integer_and_dtype(device, rng):
+    ops = torch.ops.baracuda
+    ints = random_integers((3, 7, 2), torch.int32, rng).to(device)
+    mask = random_integers((3, 7, 2), torch.bool, rng).to(device)
+    x = torch.randn(3, 7, 2, generator=rng).to(device)
+    for name in ARITHMETIC:
+        op = getattr(ops, name).default
+        opcheck(op, (ints, 1, False, None))
+        opcheck(op, (mask, -1, True, None))
+        opcheck(op, (ints, 0, False, torch.int8))
+        opcheck(op, (mask, 1, False, torch.float32))
+        opcheck(op, (x.clone().requires_grad_(), 1, True, torch.float64))
+        opcheck(op, (x, 2, False, torch.int64))
+    for name in EXTREME:
+        for t in (ints, mask, ints.to(torch.uint8)):
+            opcheck(getattr(ops, name).default, (t, 1, True))
+
+
+def test_compile_position_ids_no_recompile(device, rng):
+    """Position ids from an attention mask, as transformer code computes
+    them: one graph for every sequence length."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    def position_ids(mask, cumsum, cummax):
+        pos = cumsum(mask, -1) - 1
+        pos = pos.masked_fill(mask == 0, 1)
+        return pos, cumsum(mask.bool(), -1, dtype=torch.int32), cummax(pos, -1)[0]
+
+    def ours_(mask):
+        return position_ids(mask, bt.cumsum, bt.cummax)
+
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(ours_, backend=counter, fullgraph=True, dynamic=True)
+    for length in (7, 13):
+        mask = (torch.rand(3, length, generator=rng) > 0.3).long().to(device)
+        got = compiled(mask)
+        ref = position_ids(mask.cpu(), torch.cumsum, torch.cummax)
+        for a, b in zip(got, ref):
+            assert_same(a, b)
+    assert counter.frame_count == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", ARITHMETIC + EXTREME)
+def test_integer_scans_large_on_cuda(name):
+    """Sizes the CPU suite keeps small: rows of many block steps, many column
+    tiles, more tiles than blocks; bit for bit against torch."""
+    g = torch.Generator().manual_seed(5)
+    for shape, dim in (((2, 1 << 20), -1), ((3, 300001), 1), ((100000, 40), 0),
+                       ((50, 3000, 7), 1), ((200000, 3), -1)):
+        for dtype in (torch.int64, torch.int8, torch.bool):
+            x = random_integers(shape, dtype, g, name).cuda()
+            for reverse in (False, True):
+                check_int(name, x, dim, reverse)

@@ -29,14 +29,25 @@ bool needs_graph(const std::optional<at::Tensor>& x) { return x.has_value() && n
 // The kind scan_backward takes: the op's name without its namespace.
 std::string kind_of(const char* op_name) { return op_name + sizeof("baracuda::") - 1; }
 
+// The scan of x in x's own dtype.
+at::Tensor call_scan(const c10::TypedOperatorHandle<ValueScanFn>& op, const at::Tensor& x,
+                     int64_t dim, bool reverse) {
+  return op.call(x, dim, reverse);
+}
+at::Tensor call_scan(const c10::TypedOperatorHandle<DtypeScanFn>& op, const at::Tensor& x,
+                     int64_t dim, bool reverse) {
+  return op.call(x, dim, reverse, std::nullopt);
+}
+
 // cumsum, cumprod, logcumsumexp: y = scan(x). cumprod and logcumsumexp's
-// backward reads x and y; cumsum's reads neither.
-struct ValueScan : public torch::autograd::Function<ValueScan> {
+// backward reads x and y; cumsum's reads neither. Fn: the op's signature
+// (cumsum and cumprod take a dtype, here always x's own).
+template <typename Fn>
+struct ValueScan : public torch::autograd::Function<ValueScan<Fn>> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t dim, bool reverse,
-                            const std::string& kind,
-                            const c10::TypedOperatorHandle<ValueScanFn>& op) {
+                            const std::string& kind, const c10::TypedOperatorHandle<Fn>& op) {
     at::AutoDispatchBelowADInplaceOrView below;
-    at::Tensor y = op.call(x, dim, reverse);
+    at::Tensor y = call_scan(op, x, dim, reverse);
     ctx->saved_data["dim"] = dim;
     ctx->saved_data["reverse"] = reverse;
     ctx->saved_data["kind"] = kind;
@@ -132,7 +143,28 @@ at::Tensor value_scan(const at::Tensor& x, int64_t dim, bool reverse) {
     at::AutoDispatchBelowADInplaceOrView below;
     return op.call(x, dim, reverse);
   }
-  return ValueScan::apply(x, dim, reverse, kind_of(kName), op);
+  return ValueScan<ValueScanFn>::apply(x, dim, reverse, kind_of(kName), op);
+}
+
+// cumsum, cumprod with a dtype: x is cast to it (a differentiable cast, for
+// a float dtype) and scanned in it. An integer dtype has no gradient, and,
+// as in torch, is refused for an x that requires grad rather than cutting
+// the graph silently.
+template <const char* kName>
+at::Tensor dtype_scan(const at::Tensor& x, int64_t dim, bool reverse,
+                      std::optional<at::ScalarType> dtype) {
+  static const auto op = find_op<DtypeScanFn>(kName);
+  if (!needs_graph(x)) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    return op.call(x, dim, reverse, dtype);
+  }
+  if (!dtype.has_value() || *dtype == x.scalar_type()) {
+    return ValueScan<DtypeScanFn>::apply(x, dim, reverse, kind_of(kName), op);
+  }
+  TORCH_CHECK(!at::isIntegralType(*dtype, /*includeBool=*/true), kName, ": dtype=", *dtype,
+              " gives a result without gradient, but x requires grad; detach x or use a "
+              "floating dtype");
+  return ValueScan<DtypeScanFn>::apply(x.to(*dtype), dim, reverse, kind_of(kName), op);
 }
 
 template <const char* kName>
@@ -167,8 +199,8 @@ constexpr char kCummin[] = "baracuda::cummin";
 }  // namespace
 
 TORCH_LIBRARY_IMPL(baracuda, Autograd, m) {
-  m.impl("cumsum", &value_scan<kCumsum>);
-  m.impl("cumprod", &value_scan<kCumprod>);
+  m.impl("cumsum", &dtype_scan<kCumsum>);
+  m.impl("cumprod", &dtype_scan<kCumprod>);
   m.impl("logcumsumexp", &value_scan<kLogcumsumexp>);
   m.impl("cummax", &indexed_scan<kCummax>);
   m.impl("cummin", &indexed_scan<kCummin>);

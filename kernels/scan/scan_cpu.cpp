@@ -1,12 +1,14 @@
 // Host engine of the scan family: a sequential walk along the axis, with one
 // running state per inner column so memory is read in order. It runs the
-// same functors as the CUDA engine (scan_ops.h), for float32 and float64
-// (accumulated in double). It scans a range of lines (scan_kernels.h), so
-// that the op layer can spread them over threads.
+// same functors as the CUDA engines (scan_ops.h), for float32 and float64
+// (accumulated in double), and those of the integer scans
+// (scan_integer_ops.h). It scans a range of lines (scan_kernels.h), so that
+// the op layer can spread them over threads.
 #include <algorithm>
 #include <vector>
 
 #include "scan/scan_dispatch.h"
+#include "scan/scan_integer_ops.h"
 #include "scan/scan_kernels.h"
 
 namespace baracuda {
@@ -52,12 +54,22 @@ void scan_lines(const Op& op, const ScanShape& s, bool reverse, int64_t first, i
   }
 }
 
-template <typename Args>
-KernelStatus run_host(const Args& a, int64_t first, int64_t last) {
+// Lines [first, last) of `a`, with the functor dispatch_functor(a, run)
+// picks for it.
+template <typename Args, typename DispatchFunctor>
+KernelStatus run_host(const Args& a, int64_t first, int64_t last,
+                      DispatchFunctor dispatch_functor) {
   if (a.shape.numel() == 0 || first >= last) return KernelStatus::ok();
-  return scan::dispatch_scan<void, void, double>(a, [&](const auto& op, bool reverse) {
+  return dispatch_functor(a, [&](const auto& op, bool reverse) {
     scan_lines(op, a.shape, reverse, first, last);
     return KernelStatus::ok();
+  });
+}
+
+template <typename Args>
+KernelStatus run_host(const Args& a, int64_t first, int64_t last) {
+  return run_host(a, first, last, [](const Args& args, auto&& run) {
+    return scan::dispatch_scan<void, void, double>(args, run);
   });
 }
 
@@ -70,6 +82,11 @@ KernelStatus scan_forward_cpu_lines(const ScanForwardArgs& args, int64_t first, 
 }
 KernelStatus scan_backward_cpu_lines(const ScanBackwardArgs& args, int64_t first, int64_t last) {
   return run_host(args, first, last);
+}
+KernelStatus scan_integer_cpu_lines(const IntegerScanArgs& args, int64_t first, int64_t last) {
+  return run_host(args, first, last, [](const IntegerScanArgs& a, auto&& run) {
+    return scan::dispatch_integer_scan(a, run);
+  });
 }
 KernelStatus scan_forward_cpu(const ScanForwardArgs& args) {
   return run_host(args, 0, all_lines(args.shape));

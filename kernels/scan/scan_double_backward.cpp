@@ -21,8 +21,8 @@ namespace baracuda {
 namespace {
 
 at::Tensor baracuda_cumsum(const at::Tensor& x, int64_t dim, bool reverse) {
-  static const auto op = find_op<ValueScanFn>("baracuda::cumsum");
-  return op.call(x, dim, reverse);
+  static const auto op = find_op<DtypeScanFn>("baracuda::cumsum");
+  return op.call(x, dim, reverse, std::nullopt);
 }
 
 at::Tensor baracuda_logcumsumexp(const at::Tensor& x, int64_t dim, bool reverse) {

@@ -1,7 +1,8 @@
 // Op layer of the scan family: validation, the [outer, len, inner] view,
 // workspace, dispatch.
 //
-//   cumsum / cumprod / logcumsumexp(x, dim, reverse)   -> y
+//   cumsum / cumprod(x, dim, reverse, dtype?)          -> y
+//   logcumsumexp(x, dim, reverse)                      -> y
 //   cummax / cummin(x, dim, reverse)                  -> (values, indices)
 //   scan_backward(grad, x?, y?, indices?, dim, kind, reverse) -> dx
 //   scan_path(x, dim)                                  which CUDA path a scan takes
@@ -9,7 +10,10 @@
 //                                                      marks near their wrap (tests)
 //
 // Inputs are made contiguous (a copy only when they are not); outputs are
-// contiguous. Integer and bool inputs are rejected: cast to a float type.
+// contiguous. Dtypes as torch's: cumsum / cumprod cast x to `dtype` first
+// when one is given, and scan integer and bool x in int64 when not; cummax /
+// cummin keep integer and bool dtypes; logcumsumexp takes float types only.
+// Integer scans run on their own engine (scan_integer_kernels.h).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -17,10 +21,12 @@
 
 #include <algorithm>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 
 #include "common/torch_glue.h"
+#include "scan/scan_integer_kernels.h"
 #include "scan/scan_kernels.h"
 #include "scan/scan_plan.h"
 
@@ -130,6 +136,10 @@ KernelStatus scan_backward_host(const ScanBackwardArgs& a) {
   return scan_on_host_threads(a, &scan_backward_cpu_lines);
 }
 
+KernelStatus scan_integer_host(const IntegerScanArgs& a) {
+  return scan_on_host_threads(a, &scan_integer_cpu_lines);
+}
+
 // The fields every launch shares.
 template <typename Args>
 Args launch_args(ScanKind kind, const char* op, const at::Tensor& data, const ScanShape& s,
@@ -145,14 +155,96 @@ Args launch_args(ScanKind kind, const char* op, const at::Tensor& data, const Sc
 
 // ------------------------------------------------------------------ forward
 
-std::tuple<at::Tensor, at::Tensor> forward(ScanKind kind, const at::Tensor& x, int64_t dim,
-                                           bool reverse) {
+// The integer scans' element type for `t`, or nothing.
+std::optional<IntegerDtype> integer_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kBool: return IntegerDtype::kBool;
+    case at::kByte: return IntegerDtype::kUInt8;
+    case at::kChar: return IntegerDtype::kInt8;
+    case at::kShort: return IntegerDtype::kInt16;
+    case at::kUInt16: return IntegerDtype::kUInt16;
+    case at::kInt: return IntegerDtype::kInt32;
+    case at::kUInt32: return IntegerDtype::kUInt32;
+    case at::kLong: return IntegerDtype::kInt64;
+    case at::kUInt64: return IntegerDtype::kUInt64;
+    default: return std::nullopt;
+  }
+}
+
+bool is_integer(at::ScalarType t) { return integer_dtype(t).has_value(); }
+
+// What torch scans in: cumsum / cumprod in `dtype` when given (uint8, int8,
+// int16, int32, int64 or a float type), else in int64 for integer and bool
+// x; cummax / cummin in x's dtype, for bool, uint8, int8, int16, int32 and
+// int64 as for float types. Float types are checked by the float path.
+at::ScalarType scan_dtype(ScanKind kind, const at::Tensor& x,
+                          std::optional<at::ScalarType> dtype) {
   const char* op = kind_name(kind);
-  const ScanShape s = scan_shape(op, x, dim);
+  const bool arithmetic = kind == ScanKind::kCumsum || kind == ScanKind::kCumprod;
+  if (dtype.has_value()) {
+    const at::ScalarType d = *dtype;
+    TORCH_CHECK(d == at::kByte || d == at::kChar || d == at::kShort || d == at::kInt ||
+                    d == at::kLong || d == at::kHalf || d == at::kBFloat16 || d == at::kFloat ||
+                    d == at::kDouble,
+                "baracuda::", op, ": dtype=", d, " is not supported; use uint8, int8, int16, "
+                "int32, int64, float16, bfloat16, float32 or float64");
+    TORCH_CHECK(!x.is_complex(), "baracuda::", op, ": x.dtype=", x.scalar_type(),
+                " is not supported");
+    return d;
+  }
+  const at::ScalarType t = x.scalar_type();
+  if (!is_integer(t) || kind == ScanKind::kLogcumsumexp) return t;
+  if (arithmetic) return at::kLong;
+  TORCH_CHECK(t != at::kUInt16 && t != at::kUInt32 && t != at::kUInt64, "baracuda::", op,
+              ": x.dtype=", t, " is not supported; use bool, uint8, int8, int16, int32, "
+              "int64, float16, bfloat16, float32 or float64");
+  return t;
+}
+
+bool has_indices(ScanKind kind) { return kind == ScanKind::kCummax || kind == ScanKind::kCummin; }
+
+// A forward's results for x: y of `dtype` and, for cummax / cummin, int64
+// indices (undefined otherwise).
+std::tuple<at::Tensor, at::Tensor> new_results(ScanKind kind, const at::Tensor& x,
+                                               at::ScalarType dtype) {
+  at::Tensor y = at::empty(x.sizes(), x.options().dtype(dtype));
+  if (!has_indices(kind)) return {y, at::Tensor()};
+  return {y, at::empty(x.sizes(), x.options().dtype(at::kLong))};
+}
+
+std::tuple<at::Tensor, at::Tensor> integer_forward(ScanKind kind, const at::Tensor& x,
+                                                   const ScanShape& s, bool reverse,
+                                                   at::ScalarType out) {
+  auto [y, idx] = new_results(kind, x, out);
+  if (s.numel() == 0) return {y, idx};
+  // Float x with an integer dtype: torch casts first (toward zero).
+  const at::Tensor xc = is_integer(x.scalar_type()) ? x.contiguous() : x.to(out).contiguous();
+  IntegerScanArgs a;
+  a.kind = kind;
+  a.x_dtype = *integer_dtype(xc.scalar_type());
+  a.y_dtype = *integer_dtype(out);
+  a.shape = s;
+  a.reverse = reverse;
+  a.x = xc.const_data_ptr();
+  a.y = y.data_ptr();
+  a.indices = idx.defined() ? idx.data_ptr<int64_t>() : nullptr;
+  run_on_device<IntegerScanArgs>(kind_name(kind), "scan", a, x, &scan_integer_host,
+                                 BARACUDA_CUDA_ONLY(&scan_integer_cuda));
+  return {y, idx};
+}
+
+std::tuple<at::Tensor, at::Tensor> forward(ScanKind kind, const at::Tensor& x_in, int64_t dim,
+                                           bool reverse,
+                                           std::optional<at::ScalarType> dtype = std::nullopt) {
+  const char* op = kind_name(kind);
+  const ScanShape s = scan_shape(op, x_in, dim);
+  const at::ScalarType out = scan_dtype(kind, x_in, dtype);
+  if (kind != ScanKind::kLogcumsumexp && is_integer(out)) {
+    return integer_forward(kind, x_in, s, reverse, out);
+  }
+  const at::Tensor x = x_in.scalar_type() == out ? x_in : x_in.to(out);
   float_dtype_of(op, "x", x);
-  const bool with_indices = kind == ScanKind::kCummax || kind == ScanKind::kCummin;
-  at::Tensor y = at::empty(x.sizes(), x.options());
-  at::Tensor idx = with_indices ? at::empty(x.sizes(), x.options().dtype(at::kLong)) : at::Tensor();
+  auto [y, idx] = new_results(kind, x, out);
   if (s.numel() == 0) return {y, idx};
   const at::Tensor xc = host_compute(x);
   const bool up = needs_host_upcast(x);
@@ -161,17 +253,19 @@ std::tuple<at::Tensor, at::Tensor> forward(ScanKind kind, const at::Tensor& x, i
   ScanForwardArgs a = launch_args<ScanForwardArgs>(kind, op, xc, s, reverse, ws);
   a.x = xc.const_data_ptr();
   a.y = yc.data_ptr();
-  a.indices = with_indices ? idx.data_ptr<int64_t>() : nullptr;
+  a.indices = idx.defined() ? idx.data_ptr<int64_t>() : nullptr;
   run_on_device<ScanForwardArgs>(op, "scan", a, x, &scan_forward_host, BARACUDA_CUDA_ONLY(&scan_forward_cuda));
   if (up) y.copy_(yc);
   return {y, idx};
 }
 
-at::Tensor cumsum(const at::Tensor& x, int64_t dim, bool reverse) {
-  return std::get<0>(forward(ScanKind::kCumsum, x, dim, reverse));
+at::Tensor cumsum(const at::Tensor& x, int64_t dim, bool reverse,
+                  std::optional<at::ScalarType> dtype) {
+  return std::get<0>(forward(ScanKind::kCumsum, x, dim, reverse, dtype));
 }
-at::Tensor cumprod(const at::Tensor& x, int64_t dim, bool reverse) {
-  return std::get<0>(forward(ScanKind::kCumprod, x, dim, reverse));
+at::Tensor cumprod(const at::Tensor& x, int64_t dim, bool reverse,
+                   std::optional<at::ScalarType> dtype) {
+  return std::get<0>(forward(ScanKind::kCumprod, x, dim, reverse, dtype));
 }
 at::Tensor logcumsumexp(const at::Tensor& x, int64_t dim, bool reverse) {
   return std::get<0>(forward(ScanKind::kLogcumsumexp, x, dim, reverse));
@@ -242,8 +336,12 @@ at::Tensor scan_backward(const at::Tensor& grad, const c10::optional<at::Tensor>
   return dx;
 }
 
+// Integer and bool x: "integer", the integer engine (float x with an integer
+// dtype= takes it too).
 std::string scan_path(const at::Tensor& x, int64_t dim) {
-  return scan_path_name(plan_scan(scan_shape("scan_path", x, dim)).path);
+  const ScanShape s = scan_shape("scan_path", x, dim);
+  if (s.numel() > 0 && is_integer(x.scalar_type())) return "integer";
+  return scan_path_name(plan_scan(s).path);
 }
 
 #ifdef BARACUDA_WITH_CUDA

@@ -14,6 +14,8 @@
 namespace baracuda {
 
 using ValueScanFn = at::Tensor(const at::Tensor&, int64_t, bool);
+// cumsum, cumprod: a dtype to cast x to and scan in.
+using DtypeScanFn = at::Tensor(const at::Tensor&, int64_t, bool, std::optional<at::ScalarType>);
 using IndexedScanFn = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, int64_t, bool);
 using ScanBackwardFn =
     at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&,
