@@ -89,6 +89,12 @@ def write_slice_(
     disagree, if ``dest`` has internal overlap, or if ``source`` shares memory
     with the window being written.
 
+    Differentiable as ``dest[window].copy_(source)`` is: ``dest`` takes the
+    write as its history (the gradient to its earlier history is the incoming
+    gradient with the window zeroed, that of ``source`` the incoming
+    gradient's window), its version counter is bumped, and a leaf that
+    requires grad is refused, as torch refuses in-place ops on one.
+
     Example::
 
         >>> cache = torch.zeros(2, 8, 4096, 128, dtype=torch.bfloat16)
@@ -147,6 +153,10 @@ def write_slice_at_(
 
     With ``packed_int4=True`` and ``dim`` the innermost axis, offsets and ``L``
     count 4-bit values (odd offsets are fine).
+
+    Differentiable as :func:`write_slice_` is; the gradients are gathered at
+    the offsets on the device (a row the CUDA write skipped passes its whole
+    gradient to ``dest``'s history and none to ``source``).
 
     Example::
 
