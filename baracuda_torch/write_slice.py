@@ -182,20 +182,35 @@ def write_slice_path(
 
 
 # ---------------------------------------------------------------- fake kernels
+#
+# These are also the ops' Meta kernels, and a call with one meta tensor among
+# tensors of another device dispatches to Meta: the device check of the real
+# kernels must be repeated here, or such a call would silently write nothing.
+
+
+def _check_devices(op: str, dest: Tensor, **others: Tensor) -> None:
+    for name, t in others.items():
+        if t.device != dest.device:
+            raise RuntimeError(
+                f"baracuda::{op}: {name}.device={t.device} must equal dest.device={dest.device}"
+            )
 
 
 @torch.library.register_fake("baracuda::write_slice_")
 def _write_slice__fake(dest, source, ranges, packed_int4=False):
+    _check_devices("write_slice_", dest, source=source)
     return None
 
 
 @torch.library.register_fake("baracuda::write_slice_at_")
 def _write_slice_at__fake(dest, source, dim, offsets, packed_int4=False):
+    _check_devices("write_slice_at_", dest, source=source, offsets=offsets)
     return None
 
 
 @torch.library.register_fake("baracuda::write_slice")
 def _write_slice_fake(dest, source, ranges, packed_int4=False):
+    _check_devices("write_slice", dest, source=source)
     # Same layout rule as the real kernel's clone (preserve_format).
     return torch.empty_like(dest)
 

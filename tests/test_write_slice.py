@@ -548,6 +548,27 @@ def test_write_slice_at_errors(device):
                             r"source length 9 along dim=2 exceeds dest's 8")
 
 
+def test_tensors_on_another_device_than_dest_raise(device, rng):
+    # A meta tensor among them sends the call to the ops' Meta kernels, which
+    # must refuse as the real kernels do rather than write nothing.
+    cache = random_bits([2, 3, 8, 4], torch.float32, rng, device)
+    kv = torch.ones(2, 3, 1, 4, device=device)
+    meta = torch.device("meta")
+    assert_raises_untouched(cache, lambda: bt.write_slice_at_(cache, kv, 2, torch.tensor(1, device=meta)),
+                            rf"baracuda::write_slice_at_: offsets.device=meta must equal dest.device={device}")
+    assert_raises_untouched(cache, lambda: bt.write_slice_at_(cache, kv.to(meta), 2,
+                                                              torch.tensor(1, device=device)),
+                            rf"baracuda::write_slice_at_: source.device=meta must equal dest.device={device}")
+    window = [(0, 2), (0, 3), (0, 1), (0, 4)]
+    assert_raises_untouched(cache, lambda: bt.write_slice_(cache, kv.to(meta), window),
+                            rf"baracuda::write_slice_: source.device=meta must equal dest.device={device}")
+    with pytest.raises(RuntimeError, match=rf"baracuda::write_slice: source.device=meta must equal "
+                                           rf"dest.device={device}"):
+        bt.write_slice(cache, kv.to(meta), window)
+    # On the meta device itself the ops check shapes and write nothing, as before.
+    bt.write_slice_at_(cache.to(meta), kv.to(meta), 2, torch.tensor(1, device=meta))
+
+
 def test_write_slice_at_out_of_range_cpu_raises_and_writes_nothing():
     cache = torch.zeros(2, 3, 8, 4)
     kv = torch.ones(2, 3, 2, 4)
