@@ -224,7 +224,17 @@ def test_errors_name_op_and_value(device, rng):
     src = random_bits([2, 3], torch.float32, rng, device)
     ws = bt.write_slice_
     assert_raises_untouched(dest, lambda: ws(dest, src, [(0, 2)]),
-                            r"baracuda::write_slice_: expected one \(start, end\) pair per axis of dest \(2 pairs\), got 2 numbers")
+                            r"baracuda::write_slice_: got 1 ranges for a 2-d dest; expected one \(start, end\) pair per axis")
+    three = random_bits([2, 3, 4, 5], torch.float32, rng, device)
+    assert_raises_untouched(three, lambda: ws(three, three[:, :, :, :0], [(0, 2), (0, 3), (0, 4)]),
+                            r"baracuda::write_slice_: got 3 ranges for a 4-d dest")
+    for op in (torch.ops.baracuda.write_slice_, torch.ops.baracuda.write_slice,
+               torch.ops.baracuda.write_slice_path):
+        name = op._qualified_op_name.split("::")[1]
+        assert_raises_untouched(dest, lambda: op(dest, src, [0, 2, 0], False),
+                                rf"baracuda::{name}: ranges=\[0, 2, 0\] has an odd length")
+        assert_raises_untouched(dest, lambda: op(dest, src, [0, 2, 0, 3, 0, 1], False),
+                                rf"baracuda::{name}: got 3 ranges for a 2-d dest")
     assert_raises_untouched(dest, lambda: ws(dest, src[0], [(0, 2), (0, 3)]),
                             r"baracuda::write_slice_: source.dim\(\)=1 must equal dest.dim\(\)=2")
     assert_raises_untouched(dest, lambda: ws(dest, src, [(3, 5), (0, 3)]),
