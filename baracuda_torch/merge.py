@@ -16,6 +16,13 @@ neutral element: merging two empty states gives an empty state, merging any
 state with an empty one returns it bit for bit, and no NaN appears in the
 forward or backward pass (an empty side gets zero gradients).
 
+NaN in, NaN out: a NaN LSE carries no weight one could use, and an LSE of
+``+inf`` an infinite one, whose share ``inf / inf`` of the cell is undefined
+(as in ``torch.softmax``). A cell with either in any of its states merges to
+``v = NaN`` (every element) and ``s = NaN``, and every gradient reaching that
+cell's states is NaN. A NaN in ``v`` of a non-empty state gives NaN in that
+cell's ``v`` only (``s`` does not depend on ``v``).
+
 Shapes (any strides; extra leading batch axes allowed):
 
 ================  ==========================  ======================
