@@ -48,6 +48,8 @@ _OPS = torch.ops.baracuda
 
 Size = Union[int, Sequence[int]]
 
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
 
 def _tuple(value, dims: int, name: str) -> Tuple:
     if isinstance(value, (int, float)):
@@ -87,6 +89,12 @@ def _pool(x: Tensor, dims: int, kernel_size: Size, output_size, output_ratio,
     kernel = _tuple(kernel_size, dims, "kernel_size")
     out_size = _output_size(x, dims, output_size, output_ratio)
     if samples is None:
+        if x.dtype not in _DTYPES:
+            # The op checks x's dtype too, but only after the samples are
+            # drawn in it, and torch.rand fails on an integer dtype with a
+            # message about its sampler.
+            raise RuntimeError(f"fractional_max_pool{dims}d: x.dtype={x.dtype} is not supported; "
+                               "use float16, bfloat16, float32 or float64")
         batch = 1 if x.dim() == dims + 1 else x.size(0)
         samples = torch.rand(batch, x.size(-dims - 1), dims, dtype=x.dtype, device=x.device)
     out, indices = _no_grad_call.call(_OPS.fractional_max_pool.default, (x,), x, list(kernel),

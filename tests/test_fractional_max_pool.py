@@ -287,3 +287,18 @@ def test_errors_are_clear(device, rng):
         f(x, 2, (4, 4), _random_samples=s, placement="middle")
     with pytest.raises(RuntimeError, match=r"x.dtype=Long is not supported"):
         f(x.long(), 2, (4, 4), _random_samples=s)
+
+
+def test_unsupported_dtype_without_samples_is_named(device):
+    # The samples are drawn in x's dtype: the dtype must be checked first,
+    # not left to torch.rand's sampler.
+    x = torch.zeros(2, 3, 10, 10, device=device)
+    use = r"is not supported; use float16, bfloat16, float32 or float64"
+    with pytest.raises(RuntimeError, match=r"fractional_max_pool2d: x.dtype=torch.int64 " + use):
+        bt.fractional_max_pool2d(x.long(), 2, (4, 4))
+    with pytest.raises(RuntimeError, match=r"fractional_max_pool2d: x.dtype=torch.bool " + use):
+        bt.nn.FractionalMaxPool2d(2, output_size=(4, 4))(x.bool())
+    with pytest.raises(RuntimeError, match=r"fractional_max_pool3d: x.dtype=torch.uint8 " + use):
+        bt.fractional_max_pool3d(x.to(torch.uint8), 2, output_ratio=0.5)
+    with pytest.raises(RuntimeError, match=r"fractional_max_pool3d: x.dtype=torch.int32 " + use):
+        bt.nn.FractionalMaxPool3d(2, output_ratio=0.5)(x.int())
