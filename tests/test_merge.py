@@ -453,6 +453,43 @@ def test_errors(device, rng):
         bt.merge_state_(va[:1].expand(3, 2, 8), sa, vb, sb)
 
 
+def test_in_place_merge_refuses_grad_before_writing_and_bumps_versions(device, rng):
+    va, sa = random_state((3, 2, 8), torch.float32, device, rng)
+    vb, sb = random_state((3, 2, 8), torch.float32, device, rng)
+    for needs_grad in ("v", "s", "v_other", "s_other"):
+        args = {"v": va.clone(), "s": sa.clone(), "v_other": vb, "s_other": sb}
+        args[needs_grad] = args[needs_grad].clone().requires_grad_() * 1
+        v, s = args["v"].detach().clone(), args["s"].detach().clone()
+        with pytest.raises(RuntimeError, match=rf"baracuda::merge_state_: the in-place merge is not "
+                                               rf"differentiable, but {needs_grad} requires grad"):
+            bt.merge_state_(args["v"], args["s"], args["v_other"], args["s_other"])
+        assert torch.equal(args["v"].detach(), v) and torch.equal(args["s"].detach(), s)
+    v, s = va.clone(), sa.clone()
+    versions = v._version, s._version
+    with torch.no_grad():
+        bt.merge_state_(v, s, vb.requires_grad_(), sb)
+    assert v._version > versions[0] and s._version > versions[1]
+    assert torch.equal(v, bt.merge_state(va, sa, vb.detach(), sb)[0])
+
+
+def test_states_on_another_device_raise(device, rng):
+    # A meta tensor among them sends the call to the ops' Meta kernels, which
+    # must refuse as the real kernels do.
+    va, sa = random_state((3, 2, 8), torch.float32, device, rng)
+    meta = torch.device("meta")
+    v, s = va.clone(), sa.clone()
+    with pytest.raises(RuntimeError, match=rf"baracuda::merge_state_: v_other and s_other must be "
+                                           rf"on {device}, got meta and meta"):
+        bt.merge_state_(v, s, va.to(meta), sa.to(meta))
+    assert torch.equal(v, va) and torch.equal(s, sa)
+    with pytest.raises(RuntimeError, match=rf"baracuda::merge_state: v_b and s_b must be on "
+                                           rf"{device}, got {device} and meta"):
+        bt.merge_state(va, sa, va, sa.to(meta))
+    with pytest.raises(RuntimeError, match=rf"baracuda::merge_states: v and s must be on "
+                                           rf"{device}, got {device} and meta"):
+        bt.merge_states(va.unsqueeze(0), sa.unsqueeze(0).to(meta))
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a second device type")
 def test_device_mismatch():
     va = torch.randn(3, 2, 8, device="cuda")
