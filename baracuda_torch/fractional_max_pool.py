@@ -138,8 +138,20 @@ def _with_spatial(shape, dims, spatial):
     return list(shape[:len(shape) - dims]) + list(spatial)
 
 
+# These are also the ops' Meta kernels, and a call with one meta tensor among
+# tensors of another device dispatches to Meta: the device check of the real
+# kernels is repeated here, or such a call would return uninitialised tensors.
+
+
+def _check_device(op: str, name: str, t: Tensor, ref_name: str, ref: Tensor) -> None:
+    if t.device != ref.device:
+        raise RuntimeError(f"baracuda::{op}: {name} is on {t.device} but {ref_name} is on "
+                           f"{ref.device}")
+
+
 @torch.library.register_fake("baracuda::fractional_max_pool")
 def _fractional_max_pool_fake(x, kernel_size, output_size, samples, placement="torch"):
+    _check_device("fractional_max_pool", "samples", samples, "the input", x)
     shape = _with_spatial(x.shape, len(kernel_size), output_size)
     return x.new_empty(shape), x.new_empty(shape, dtype=torch.long)
 
@@ -147,6 +159,8 @@ def _fractional_max_pool_fake(x, kernel_size, output_size, samples, placement="t
 @torch.library.register_fake("baracuda::fractional_max_pool_backward")
 def _fractional_max_pool_backward_fake(grad_out, indices, samples, input_size, kernel_size,
                                        placement="torch"):
+    _check_device("fractional_max_pool_backward", "samples", samples, "the input", grad_out)
+    _check_device("fractional_max_pool_backward", "indices", indices, "grad_out", grad_out)
     return grad_out.new_empty(input_size)
 
 

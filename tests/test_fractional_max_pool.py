@@ -289,6 +289,21 @@ def test_errors_are_clear(device, rng):
         f(x.long(), 2, (4, 4), _random_samples=s)
 
 
+def test_tensors_on_another_device_raise(device, rng):
+    # A meta tensor among them sends the call to the ops' Meta kernels, which
+    # must refuse as the real kernels do.
+    x, s = inputs((2, 3, 10, 10), 2, torch.float32, device, rng)
+    meta = torch.device("meta")
+    with pytest.raises(RuntimeError, match=rf"baracuda::fractional_max_pool: samples is on meta but "
+                                           rf"the input is on {device}"):
+        bt.fractional_max_pool2d(x, 2, (4, 4), _random_samples=s.to(meta))
+    out, indices = bt.fractional_max_pool2d(x, 2, (4, 4), return_indices=True, _random_samples=s)
+    backward = torch.ops.baracuda.fractional_max_pool_backward
+    with pytest.raises(RuntimeError, match=rf"baracuda::fractional_max_pool_backward: indices is on "
+                                           rf"meta but grad_out is on {device}"):
+        backward(out, indices.to(meta), s, list(x.shape), [2, 2])
+
+
 def test_unsupported_dtype_without_samples_is_named(device):
     # The samples are drawn in x's dtype: the dtype must be checked first,
     # not left to torch.rand's sampler.
