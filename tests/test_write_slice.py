@@ -358,6 +358,18 @@ def test_in_place_writes_differentiate_like_copy_(device, view):
         assert torch.equal(gw, rw), name
 
 
+def test_in_place_writes_gradcheck_and_gradgradcheck(device):
+    for name, dest_shape, source_shape, write, _ in in_place_cases(device):
+        def f(x, w):
+            y = x * x  # a history for dest, and a second derivative to check
+            write(y, w * w)
+            return y
+        x = torch.randn(dest_shape, dtype=torch.float64, device=device, requires_grad=True)
+        w = torch.randn(source_shape, dtype=torch.float64, device=device, requires_grad=True)
+        assert torch.autograd.gradcheck(f, (x, w)), name
+        assert torch.autograd.gradgradcheck(f, (x, w)), name
+
+
 def test_in_place_write_into_a_plain_tensor_gives_it_history(device):
     for name, dest_shape, source_shape, write, torch_write in in_place_cases(device):
         w = torch.randn(source_shape, device=device, requires_grad=True)
