@@ -48,6 +48,8 @@ _OPS = torch.ops.baracuda
 
 Size = Union[int, Sequence[int]]
 
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
 
 def _tuple(value, dims: int, name: str) -> Tuple:
     if isinstance(value, (int, float)):
@@ -87,6 +89,12 @@ def _pool(x: Tensor, dims: int, kernel_size: Size, output_size, output_ratio,
     kernel = _tuple(kernel_size, dims, "kernel_size")
     out_size = _output_size(x, dims, output_size, output_ratio)
     if samples is None:
+        if x.dtype not in _DTYPES:
+            # The op checks x's dtype too, but only after the samples are
+            # drawn in it, and torch.rand fails on an integer dtype with a
+            # message about its sampler.
+            raise RuntimeError(f"fractional_max_pool{dims}d: x.dtype={x.dtype} is not supported; "
+                               "use float16, bfloat16, float32 or float64")
         batch = 1 if x.dim() == dims + 1 else x.size(0)
         samples = torch.rand(batch, x.size(-dims - 1), dims, dtype=x.dtype, device=x.device)
     out, indices = _no_grad_call.call(_OPS.fractional_max_pool.default, (x,), x, list(kernel),
@@ -130,8 +138,20 @@ def _with_spatial(shape, dims, spatial):
     return list(shape[:len(shape) - dims]) + list(spatial)
 
 
+# These are also the ops' Meta kernels, and a call with one meta tensor among
+# tensors of another device dispatches to Meta: the device check of the real
+# kernels is repeated here, or such a call would return uninitialised tensors.
+
+
+def _check_device(op: str, name: str, t: Tensor, ref_name: str, ref: Tensor) -> None:
+    if t.device != ref.device:
+        raise RuntimeError(f"baracuda::{op}: {name} is on {t.device} but {ref_name} is on "
+                           f"{ref.device}")
+
+
 @torch.library.register_fake("baracuda::fractional_max_pool")
 def _fractional_max_pool_fake(x, kernel_size, output_size, samples, placement="torch"):
+    _check_device("fractional_max_pool", "samples", samples, "the input", x)
     shape = _with_spatial(x.shape, len(kernel_size), output_size)
     return x.new_empty(shape), x.new_empty(shape, dtype=torch.long)
 
@@ -139,6 +159,8 @@ def _fractional_max_pool_fake(x, kernel_size, output_size, samples, placement="t
 @torch.library.register_fake("baracuda::fractional_max_pool_backward")
 def _fractional_max_pool_backward_fake(grad_out, indices, samples, input_size, kernel_size,
                                        placement="torch"):
+    _check_device("fractional_max_pool_backward", "samples", samples, "the input", grad_out)
+    _check_device("fractional_max_pool_backward", "indices", indices, "grad_out", grad_out)
     return grad_out.new_empty(input_size)
 
 

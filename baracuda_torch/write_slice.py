@@ -89,6 +89,12 @@ def write_slice_(
     disagree, if ``dest`` has internal overlap, or if ``source`` shares memory
     with the window being written.
 
+    Differentiable as ``dest[window].copy_(source)`` is: ``dest`` takes the
+    write as its history (the gradient to its earlier history is the incoming
+    gradient with the window zeroed, that of ``source`` the incoming
+    gradient's window), its version counter is bumped, and a leaf that
+    requires grad is refused, as torch refuses in-place ops on one.
+
     Example::
 
         >>> cache = torch.zeros(2, 8, 4096, 128, dtype=torch.bfloat16)
@@ -148,6 +154,10 @@ def write_slice_at_(
     With ``packed_int4=True`` and ``dim`` the innermost axis, offsets and ``L``
     count 4-bit values (odd offsets are fine).
 
+    Differentiable as :func:`write_slice_` is; the gradients are gathered at
+    the offsets on the device (a row the CUDA write skipped passes its whole
+    gradient to ``dest``'s history and none to ``source``).
+
     Example::
 
         >>> cache = torch.zeros(4, 8, 1024, 64)
@@ -172,20 +182,35 @@ def write_slice_path(
 
 
 # ---------------------------------------------------------------- fake kernels
+#
+# These are also the ops' Meta kernels, and a call with one meta tensor among
+# tensors of another device dispatches to Meta: the device check of the real
+# kernels must be repeated here, or such a call would silently write nothing.
+
+
+def _check_devices(op: str, dest: Tensor, **others: Tensor) -> None:
+    for name, t in others.items():
+        if t.device != dest.device:
+            raise RuntimeError(
+                f"baracuda::{op}: {name}.device={t.device} must equal dest.device={dest.device}"
+            )
 
 
 @torch.library.register_fake("baracuda::write_slice_")
 def _write_slice__fake(dest, source, ranges, packed_int4=False):
+    _check_devices("write_slice_", dest, source=source)
     return None
 
 
 @torch.library.register_fake("baracuda::write_slice_at_")
 def _write_slice_at__fake(dest, source, dim, offsets, packed_int4=False):
+    _check_devices("write_slice_at_", dest, source=source, offsets=offsets)
     return None
 
 
 @torch.library.register_fake("baracuda::write_slice")
 def _write_slice_fake(dest, source, ranges, packed_int4=False):
+    _check_devices("write_slice", dest, source=source)
     # Same layout rule as the real kernel's clone (preserve_format).
     return torch.empty_like(dest)
 

@@ -287,3 +287,33 @@ def test_errors_are_clear(device, rng):
         f(x, 2, (4, 4), _random_samples=s, placement="middle")
     with pytest.raises(RuntimeError, match=r"x.dtype=Long is not supported"):
         f(x.long(), 2, (4, 4), _random_samples=s)
+
+
+def test_tensors_on_another_device_raise(device, rng):
+    # A meta tensor among them sends the call to the ops' Meta kernels, which
+    # must refuse as the real kernels do.
+    x, s = inputs((2, 3, 10, 10), 2, torch.float32, device, rng)
+    meta = torch.device("meta")
+    with pytest.raises(RuntimeError, match=rf"baracuda::fractional_max_pool: samples is on meta but "
+                                           rf"the input is on {device}"):
+        bt.fractional_max_pool2d(x, 2, (4, 4), _random_samples=s.to(meta))
+    out, indices = bt.fractional_max_pool2d(x, 2, (4, 4), return_indices=True, _random_samples=s)
+    backward = torch.ops.baracuda.fractional_max_pool_backward
+    with pytest.raises(RuntimeError, match=rf"baracuda::fractional_max_pool_backward: indices is on "
+                                           rf"meta but grad_out is on {device}"):
+        backward(out, indices.to(meta), s, list(x.shape), [2, 2])
+
+
+def test_unsupported_dtype_without_samples_is_named(device):
+    # The samples are drawn in x's dtype: the dtype must be checked first,
+    # not left to torch.rand's sampler.
+    x = torch.zeros(2, 3, 10, 10, device=device)
+    use = r"is not supported; use float16, bfloat16, float32 or float64"
+    with pytest.raises(RuntimeError, match=r"fractional_max_pool2d: x.dtype=torch.int64 " + use):
+        bt.fractional_max_pool2d(x.long(), 2, (4, 4))
+    with pytest.raises(RuntimeError, match=r"fractional_max_pool2d: x.dtype=torch.bool " + use):
+        bt.nn.FractionalMaxPool2d(2, output_size=(4, 4))(x.bool())
+    with pytest.raises(RuntimeError, match=r"fractional_max_pool3d: x.dtype=torch.uint8 " + use):
+        bt.fractional_max_pool3d(x.to(torch.uint8), 2, output_ratio=0.5)
+    with pytest.raises(RuntimeError, match=r"fractional_max_pool3d: x.dtype=torch.int32 " + use):
+        bt.nn.FractionalMaxPool3d(2, output_ratio=0.5)(x.int())

@@ -203,6 +203,124 @@ def test_merge_states_with_batch_axes(device, rng):
     check_close(bt.merge_states(v, s), reference(v, s, "2"), torch.bfloat16)
 
 
+# ---------------------------------------------------------------- NaN and +inf LSEs
+# A NaN or +inf LSE leaves its cell undefined: both outputs NaN, every
+# gradient to its states NaN. Other cells are untouched by it, and the
+# empty state stays neutral.
+
+NAN, INF = float("nan"), float("inf")
+# (s_a, s_b) per cell; None: a random finite LSE.
+UNDEFINED_PAIRS = [(NAN, None), (None, NAN), (NAN, NEG_INF), (NEG_INF, NAN), (NAN, NAN),
+                   (INF, None), (None, INF), (INF, INF), (INF, NEG_INF), (NEG_INF, INF),
+                   (INF, NAN)]
+DEFINED_PAIRS = [(None, None), (None, NEG_INF), (NEG_INF, None), (NEG_INF, NEG_INF)]
+
+
+def pair_cells(dtype, device, rng, d, layout):
+    """States whose cells (axis 0) take UNDEFINED_PAIRS then DEFINED_PAIRS;
+    v behind NaN-padded strides for layout "strided"."""
+    pairs = UNDEFINED_PAIRS + DEFINED_PAIRS
+    va, sa = random_state((len(pairs), 3, d), dtype, device, rng)
+    vb, sb = random_state((len(pairs), 3, d), dtype, device, rng)
+    for c, (a, b) in enumerate(pairs):
+        if a is not None:
+            sa[c] = a
+        if b is not None:
+            sb[c] = b
+    if layout == "strided":
+        va, vb = padded_copy(va, 8), padded_copy(vb, 8)
+    return va, sa, vb, sb
+
+
+def check_undefined_then_defined(v, s, reference_v, reference_s):
+    u = len(UNDEFINED_PAIRS)
+    assert torch.isnan(v[:u]).all() and torch.isnan(s[:u]).all()
+    assert torch.equal(bits(v[u:]), bits(reference_v)) and torch.equal(bits(s[u:]), bits(reference_s))
+
+
+@pytest.mark.parametrize("layout", ["dense", "strided"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_nan_or_inf_lse_gives_nan_in_both_outputs_of_merge_state(device, dtype, layout, rng):
+    for d in (1, 64, 128):
+        va, sa, vb, sb = pair_cells(dtype, device, rng, d, layout)
+        u = len(UNDEFINED_PAIRS)
+        for base in ("2", "e"):
+            # The defined cells as they merge without the undefined ones.
+            ref_v, ref_s = bt.merge_state(va[u:], sa[u:], vb[u:], sb[u:], lse_base=base)
+            v, s = bt.merge_state(va, sa, vb, sb, lse_base=base)
+            check_undefined_then_defined(v, s, ref_v, ref_s)
+            v, s = va.clone(), sa.clone()
+            bt.merge_state_(v, s, vb, sb, lse_base=base)
+            check_undefined_then_defined(v, s, ref_v, ref_s)
+            v, s = bt.merge_states(torch.stack([va, vb], 1), torch.stack([sa, sb], 1), lse_base=base)
+            ref_v, ref_s = bt.merge_states(torch.stack([va[u:], vb[u:]], 1),
+                                           torch.stack([sa[u:], sb[u:]], 1), lse_base=base)
+            check_undefined_then_defined(v, s, ref_v, ref_s)
+
+
+@pytest.mark.parametrize("layout", ["dense", "strided"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n", [1, 3, 12, 40])
+def test_nan_or_inf_lse_in_a_stack_gives_nan_in_both_outputs(device, dtype, n, layout, rng):
+    # Cell c of axis 0 holds special[c] in state n // 2; the rest of the
+    # stack is random, with empty states in cell 0 and the last one.
+    special = [NAN, INF, NAN, INF]
+    for d in (8, 128):
+        v, s = random_state((len(special) + 1, n, 2, d), dtype, device, rng)
+        s[0, : n // 2] = NEG_INF
+        s[-1, n // 2 + 1:] = NEG_INF
+        for c, value in enumerate(special):
+            s[c, n // 2] = value
+        if layout == "strided":
+            v = padded_copy(v, 8)
+        mv, ms = bt.merge_states(v, s)
+        ref_v, ref_s = bt.merge_states(v[-1:], s[-1:])
+        assert torch.isnan(mv[:-1]).all() and torch.isnan(ms[:-1]).all(), (n, d)
+        assert torch.equal(bits(mv[-1:]), bits(ref_v)) and torch.equal(bits(ms[-1:]), bits(ref_s))
+
+
+def test_nan_in_v_of_a_non_empty_state_stays_in_v(device, rng):
+    va, sa = random_state((2, 3, 16), torch.float32, device, rng)
+    vb, sb = random_state((2, 3, 16), torch.float32, device, rng)
+    va[0, 0, 5] = NAN
+    v, s = bt.merge_state(va, sa, vb, sb)
+    assert torch.isnan(v[0, 0, 5]) and torch.isfinite(s).all()
+    assert torch.isfinite(v[0, 0, :5]).all() and torch.isfinite(v[1]).all()
+
+
+@pytest.mark.parametrize("layout", ["dense", "strided"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_nan_or_inf_lse_gives_nan_gradients_to_its_cell(device, dtype, layout, rng):
+    va, sa, vb, sb = pair_cells(dtype, device, rng, 64, layout)
+    u = len(UNDEFINED_PAIRS)
+    grad_v = torch.randn(va.shape, generator=rng, dtype=torch.float64).to(dtype).to(device)
+    grad_s = torch.randn(sa.shape, generator=rng, dtype=torch.float64).to(sa.dtype).to(device)
+
+    def grads(va, sa, vb, sb, g_v, g_s):
+        inputs = [t.detach().requires_grad_() for t in (va, sa, vb, sb)]
+        v, s = bt.merge_state(*inputs)
+        return torch.autograd.grad((v * g_v).sum() + (s * g_s).sum(), inputs)
+
+    got = grads(va, sa, vb, sb, grad_v, grad_s)
+    expected = grads(va[u:], sa[u:], vb[u:], sb[u:], grad_v[u:], grad_s[u:])
+    for g, e in zip(got, expected):
+        assert torch.isnan(g[:u]).all()
+        assert torch.equal(bits(g[u:]), bits(e))
+    # Stacked: the same cells, through merge_states' backward.
+    stack = lambda a, b: torch.stack([a, b], 1)  # noqa: E731
+
+    def stack_grads(v, s, g_v, g_s):
+        inputs = [t.detach().requires_grad_() for t in (v, s)]
+        mv, ms = bt.merge_states(*inputs)
+        return torch.autograd.grad((mv * g_v).sum() + (ms * g_s).sum(), inputs)
+
+    got = stack_grads(stack(va, vb), stack(sa, sb), grad_v, grad_s)
+    expected = stack_grads(stack(va[u:], vb[u:]), stack(sa[u:], sb[u:]), grad_v[u:], grad_s[u:])
+    for g, e in zip(got, expected):
+        assert torch.isnan(g[:u]).all()
+        assert torch.equal(bits(g[u:]), bits(e))
+
+
 # ---------------------------------------------------------------- autograd
 
 
@@ -333,6 +451,43 @@ def test_errors(device, rng):
     assert torch.equal(v, va) and torch.equal(s, sa)
     with pytest.raises(RuntimeError, match=r"merge_state_: v has internal overlap"):
         bt.merge_state_(va[:1].expand(3, 2, 8), sa, vb, sb)
+
+
+def test_in_place_merge_refuses_grad_before_writing_and_bumps_versions(device, rng):
+    va, sa = random_state((3, 2, 8), torch.float32, device, rng)
+    vb, sb = random_state((3, 2, 8), torch.float32, device, rng)
+    for needs_grad in ("v", "s", "v_other", "s_other"):
+        args = {"v": va.clone(), "s": sa.clone(), "v_other": vb, "s_other": sb}
+        args[needs_grad] = args[needs_grad].clone().requires_grad_() * 1
+        v, s = args["v"].detach().clone(), args["s"].detach().clone()
+        with pytest.raises(RuntimeError, match=rf"baracuda::merge_state_: the in-place merge is not "
+                                               rf"differentiable, but {needs_grad} requires grad"):
+            bt.merge_state_(args["v"], args["s"], args["v_other"], args["s_other"])
+        assert torch.equal(args["v"].detach(), v) and torch.equal(args["s"].detach(), s)
+    v, s = va.clone(), sa.clone()
+    versions = v._version, s._version
+    with torch.no_grad():
+        bt.merge_state_(v, s, vb.requires_grad_(), sb)
+    assert v._version > versions[0] and s._version > versions[1]
+    assert torch.equal(v, bt.merge_state(va, sa, vb.detach(), sb)[0])
+
+
+def test_states_on_another_device_raise(device, rng):
+    # A meta tensor among them sends the call to the ops' Meta kernels, which
+    # must refuse as the real kernels do.
+    va, sa = random_state((3, 2, 8), torch.float32, device, rng)
+    meta = torch.device("meta")
+    v, s = va.clone(), sa.clone()
+    with pytest.raises(RuntimeError, match=rf"baracuda::merge_state_: v_other and s_other must be "
+                                           rf"on {device}, got meta and meta"):
+        bt.merge_state_(v, s, va.to(meta), sa.to(meta))
+    assert torch.equal(v, va) and torch.equal(s, sa)
+    with pytest.raises(RuntimeError, match=rf"baracuda::merge_state: v_b and s_b must be on "
+                                           rf"{device}, got {device} and meta"):
+        bt.merge_state(va, sa, va, sa.to(meta))
+    with pytest.raises(RuntimeError, match=rf"baracuda::merge_states: v and s must be on "
+                                           rf"{device}, got {device} and meta"):
+        bt.merge_states(va.unsqueeze(0), sa.unsqueeze(0).to(meta))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a second device type")

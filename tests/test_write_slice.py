@@ -224,7 +224,17 @@ def test_errors_name_op_and_value(device, rng):
     src = random_bits([2, 3], torch.float32, rng, device)
     ws = bt.write_slice_
     assert_raises_untouched(dest, lambda: ws(dest, src, [(0, 2)]),
-                            r"baracuda::write_slice_: expected one \(start, end\) pair per axis of dest \(2 pairs\), got 2 numbers")
+                            r"baracuda::write_slice_: got 1 ranges for a 2-d dest; expected one \(start, end\) pair per axis")
+    three = random_bits([2, 3, 4, 5], torch.float32, rng, device)
+    assert_raises_untouched(three, lambda: ws(three, three[:, :, :, :0], [(0, 2), (0, 3), (0, 4)]),
+                            r"baracuda::write_slice_: got 3 ranges for a 4-d dest")
+    for op in (torch.ops.baracuda.write_slice_, torch.ops.baracuda.write_slice,
+               torch.ops.baracuda.write_slice_path):
+        name = op._qualified_op_name.split("::")[1]
+        assert_raises_untouched(dest, lambda: op(dest, src, [0, 2, 0], False),
+                                rf"baracuda::{name}: ranges=\[0, 2, 0\] has an odd length")
+        assert_raises_untouched(dest, lambda: op(dest, src, [0, 2, 0, 3, 0, 1], False),
+                                rf"baracuda::{name}: got 3 ranges for a 2-d dest")
     assert_raises_untouched(dest, lambda: ws(dest, src[0], [(0, 2), (0, 3)]),
                             r"baracuda::write_slice_: source.dim\(\)=1 must equal dest.dim\(\)=2")
     assert_raises_untouched(dest, lambda: ws(dest, src, [(3, 5), (0, 3)]),
@@ -293,6 +303,175 @@ def test_gradcheck_and_gradgradcheck(device, rng):
     fn = lambda d, s: bt.write_slice(d, s, [(1, 3), (1, 5), (0, 3)])  # noqa: E731
     assert torch.autograd.gradcheck(fn, (dest, src))
     assert torch.autograd.gradgradcheck(fn, (dest, src))
+
+
+# ---------------------------------------------------------------- in-place autograd
+# write_slice_ and write_slice_at_ differentiate as dest[window].copy_(source):
+# compared with torch on the same graph, dest's earlier history and source's.
+
+
+def in_place_cases(device):
+    """(name, dest shape, source shape, write(dest, source), torch_write(dest, source))."""
+    dev = dict(device=device)
+    per_row = torch.tensor([3, 0, 5], **dev)
+
+    def at_per_row_ref(d, s):
+        for b, o in enumerate(per_row.tolist()):
+            d[b, :, o:o + 2].copy_(s[b])
+
+    return [
+        ("write_slice_", [5, 6, 4], [2, 3, 4],
+         lambda d, s: bt.write_slice_(d, s, [(1, 3), (2, 5), (0, 4)]),
+         lambda d, s: d[1:3, 2:5, 0:4].copy_(s)),
+        ("write_slice_at_ scalar", [5, 6, 4], [5, 2, 4],
+         lambda d, s: bt.write_slice_at_(d, s, 1, torch.tensor(3, **dev)),
+         lambda d, s: d[:, 3:5].copy_(s)),
+        ("write_slice_at_ per row", [3, 4, 7], [3, 4, 2],
+         lambda d, s: bt.write_slice_at_(d, s, 2, per_row), at_per_row_ref),
+    ]
+
+
+def grads_through_write(write, dest_shape, source_shape, device, seed, view):
+    """Gradients of x and w for dest = (x * 3)[view], source = w * 2, after
+    write(dest, source) and a random weighting of the whole base."""
+    g = torch.Generator().manual_seed(seed)
+    rand = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64).to(device)  # noqa: E731
+    base_shape = [dest_shape[0] + 1] + dest_shape[1:] if view else dest_shape
+    x = rand(*base_shape).requires_grad_()
+    w = rand(*source_shape).requires_grad_()
+    weights = rand(*base_shape)
+    base = x * 3
+    dest = base[1:] if view else base
+    write(dest, w * 2)
+    (base * weights).sum().backward()
+    return base.detach(), x.grad, w.grad
+
+
+@pytest.mark.parametrize("view", [False, True], ids=["whole", "view"])
+def test_in_place_writes_differentiate_like_copy_(device, view):
+    for seed, (name, dest_shape, source_shape, write, torch_write) in enumerate(in_place_cases(device)):
+        out, gx, gw = grads_through_write(write, dest_shape, source_shape, device, seed, view)
+        ref, rx, rw = grads_through_write(torch_write, dest_shape, source_shape, device, seed, view)
+        assert torch.equal(out, ref), name
+        assert gw is not None, name
+        assert torch.equal(gx, rx), name
+        assert torch.equal(gw, rw), name
+
+
+def test_in_place_writes_gradcheck_and_gradgradcheck(device):
+    for name, dest_shape, source_shape, write, _ in in_place_cases(device):
+        def f(x, w):
+            y = x * x  # a history for dest, and a second derivative to check
+            write(y, w * w)
+            return y
+        x = torch.randn(dest_shape, dtype=torch.float64, device=device, requires_grad=True)
+        w = torch.randn(source_shape, dtype=torch.float64, device=device, requires_grad=True)
+        assert torch.autograd.gradcheck(f, (x, w)), name
+        assert torch.autograd.gradgradcheck(f, (x, w)), name
+
+
+def test_in_place_write_into_a_plain_tensor_gives_it_history(device):
+    for name, dest_shape, source_shape, write, torch_write in in_place_cases(device):
+        w = torch.randn(source_shape, device=device, requires_grad=True)
+        dest = torch.zeros(dest_shape, device=device)
+        write(dest, w)
+        assert dest.requires_grad and dest.grad_fn is not None, name
+        weights = torch.randn(dest_shape, device=device)
+        (dest * weights).sum().backward()
+        w_ref = w.detach().clone().requires_grad_()
+        ref = torch.zeros(dest_shape, device=device)
+        torch_write(ref, w_ref)
+        (ref * weights).sum().backward()
+        assert torch.equal(w.grad, w_ref.grad), name
+
+
+def test_in_place_write_on_a_leaf_that_requires_grad_raises_untouched(device):
+    for name, dest_shape, source_shape, write, _ in in_place_cases(device):
+        leaf = torch.randn(dest_shape, device=device, requires_grad=True)
+        src = torch.randn(source_shape, device=device)
+        before = leaf.detach().clone()
+        with pytest.raises(RuntimeError, match="a leaf Variable that requires grad is being used "
+                                               "in an in-place operation"):
+            write(leaf, src)
+        with pytest.raises(RuntimeError, match="a view of a leaf Variable that requires grad"):
+            write(leaf[:], src)
+        assert torch.equal(leaf.detach(), before) and leaf.grad_fn is None, name
+        with torch.no_grad():  # as torch allows under no_grad
+            write(leaf, src)
+        assert not torch.equal(leaf.detach(), before), name
+
+
+def test_in_place_write_bumps_version_so_saved_tensors_are_checked(device):
+    for name, dest_shape, source_shape, write, _ in in_place_cases(device):
+        dest = torch.zeros(dest_shape, device=device)
+        version = dest._version
+        write(dest, torch.ones(source_shape, device=device))
+        assert dest._version > version, name
+        x = torch.randn(dest_shape, device=device, requires_grad=True)
+        y = x * 1
+        z = y * y  # saves y
+        write(y, torch.ones(source_shape, device=device))
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            z.sum().backward()
+
+
+def test_in_place_packed_int4_under_autograd_writes_or_refuses(device, rng):
+    # uint8 cannot require grad, so a packed write never joins a graph: it
+    # writes as without autograd, and a float dest is refused untouched.
+    dest = random_bits([3, 6], torch.uint8, rng, device)
+    src = random_bits([3, 2], torch.uint8, rng, device)
+    expected = unpack(dest.cpu())
+    expected[:, 3:7] = unpack(src.cpu())
+    bt.write_slice_(dest, src, [(0, 3), (3, 7)], packed_int4=True)
+    assert torch.equal(dest.cpu(), pack(expected)) and not dest.requires_grad
+    y = torch.randn(3, 6, device=device, requires_grad=True) * 1
+    before, grad_fn = y.detach().clone(), y.grad_fn
+    with pytest.raises(RuntimeError, match="packed_int4=True needs uint8 tensors"):
+        bt.write_slice_(y, torch.ones(3, 1, device=device), [(0, 3), (4, 6)], packed_int4=True)
+    assert torch.equal(y.detach(), before) and y.grad_fn is grad_fn
+
+
+def test_compiled_in_place_writes_differentiate(device):
+    torch._dynamo.reset()
+
+    def f(x, w, offsets, pos):
+        y = x * 2
+        bt.write_slice_(y, w, [(pos, pos + 2), (0, y.shape[1])])
+        bt.write_slice_at_(y, w * 3, 0, offsets)
+        return (y * y).sum()
+
+    def torch_f(x, w, offset, pos):
+        y = x * 2
+        y[pos:pos + 2].copy_(w)
+        y[offset:offset + 2].copy_(w * 3)
+        return (y * y).sum()
+
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True, dynamic=True)
+    for n in (6, 8):
+        x = torch.randn(n, 5, device=device, requires_grad=True)
+        w = torch.randn(2, 5, device=device, requires_grad=True)
+        compiled(x, w, torch.tensor(n - 2, device=device), 1).backward()
+        gx, gw = x.grad, w.grad
+        x.grad = w.grad = None
+        torch_f(x, w, n - 2, 1).backward()
+        torch.testing.assert_close(gx, x.grad)
+        torch.testing.assert_close(gw, w.grad)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA behaviour")
+def test_write_slice_at_skipped_row_keeps_its_gradient_cuda():
+    x = torch.randn(3, 2, 8, device="cuda", dtype=torch.float64, requires_grad=True)
+    w = torch.randn(3, 2, 2, device="cuda", dtype=torch.float64, requires_grad=True)
+    y = x * 1
+    bt.write_slice_at_(y, w, 2, torch.tensor([1, 7, -1], device="cuda"))  # rows 1, 2 skipped
+    weights = torch.randn(3, 2, 8, device="cuda", dtype=torch.float64)
+    (y * weights).sum().backward()
+    expected_x = weights.clone()
+    expected_x[0, :, 1:3] = 0
+    expected_w = torch.zeros_like(w)
+    expected_w[0] = weights[0, :, 1:3]
+    assert torch.equal(x.grad, expected_x)
+    assert torch.equal(w.grad, expected_w)
 
 
 # ---------------------------------------------------------------- opcheck
@@ -389,6 +568,27 @@ def test_write_slice_at_errors(device):
     assert_raises_untouched(cache, lambda: at(cache, torch.ones(2, 3, 9, 4, **dev), 2,
                                               torch.tensor(0, **dev)),
                             r"source length 9 along dim=2 exceeds dest's 8")
+
+
+def test_tensors_on_another_device_than_dest_raise(device, rng):
+    # A meta tensor among them sends the call to the ops' Meta kernels, which
+    # must refuse as the real kernels do rather than write nothing.
+    cache = random_bits([2, 3, 8, 4], torch.float32, rng, device)
+    kv = torch.ones(2, 3, 1, 4, device=device)
+    meta = torch.device("meta")
+    assert_raises_untouched(cache, lambda: bt.write_slice_at_(cache, kv, 2, torch.tensor(1, device=meta)),
+                            rf"baracuda::write_slice_at_: offsets.device=meta must equal dest.device={device}")
+    assert_raises_untouched(cache, lambda: bt.write_slice_at_(cache, kv.to(meta), 2,
+                                                              torch.tensor(1, device=device)),
+                            rf"baracuda::write_slice_at_: source.device=meta must equal dest.device={device}")
+    window = [(0, 2), (0, 3), (0, 1), (0, 4)]
+    assert_raises_untouched(cache, lambda: bt.write_slice_(cache, kv.to(meta), window),
+                            rf"baracuda::write_slice_: source.device=meta must equal dest.device={device}")
+    with pytest.raises(RuntimeError, match=rf"baracuda::write_slice: source.device=meta must equal "
+                                           rf"dest.device={device}"):
+        bt.write_slice(cache, kv.to(meta), window)
+    # On the meta device itself the ops check shapes and write nothing, as before.
+    bt.write_slice_at_(cache.to(meta), kv.to(meta), 2, torch.tensor(1, device=meta))
 
 
 def test_write_slice_at_out_of_range_cpu_raises_and_writes_nothing():

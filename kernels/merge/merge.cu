@@ -33,7 +33,7 @@ __device__ inline C group_sum(C x, int group) {
 
 template <typename C>
 __device__ inline C group_max(C x, int group) {
-  for (int o = group / 2; o > 0; o /= 2) x = fmax(x, __shfl_xor_sync(0xffffffffu, x, o));
+  for (int o = group / 2; o > 0; o /= 2) x = merge_max(x, __shfl_xor_sync(0xffffffffu, x, o));
   return x;
 }
 
@@ -66,7 +66,7 @@ __device__ inline void cell_max_and_total(bool valid, int64_t num_states, SAt s_
   m = neg_infinity<C>();
   total = 0;
   if (!valid) return;
-  for (int64_t i = 0; i < num_states; ++i) m = fmax(m, static_cast<C>(s_at(i)));
+  for (int64_t i = 0; i < num_states; ++i) m = merge_max(m, static_cast<C>(s_at(i)));
   if (m == neg_infinity<C>()) return;
   for (int64_t i = 0; i < num_states; ++i) total += state_weight<C>(s_at(i), m, k);
 }
@@ -249,7 +249,7 @@ merge_backward_kernel(BackwardParams<T> p, OffsetCalculator<kBwCount, Index> cal
     auto prob = [&](int64_t i) {
       if (!valid || m == neg_infinity<C>()) return C(0);
       const C w = state_weight<C>(s_at(i), m, k);
-      return w > 0 ? w / total : C(0);
+      return state_share(w, total);
     };
     const C gs = (valid && p.grad_s != nullptr) ? static_cast<C>(p.grad_s[off[kBwGradS]]) : C(0);
     const T* gv = p.grad_v + off[kBwGradV];
@@ -266,7 +266,7 @@ merge_backward_kernel(BackwardParams<T> p, OffsetCalculator<kBwCount, Index> cal
         for (int64_t c = tile.lane_in_group; c < chunks; c += group) {
           C g[VEC], out[VEC];
           load<T, VEC>(gv, c, p.inner[kBwGradV], g);
-          if (pi > 0) {
+          if (pi != 0) {
             C x[VEC];
             load<T, VEC>(vi, c, vi_inner, x);
 #pragma unroll
@@ -281,14 +281,14 @@ merge_backward_kernel(BackwardParams<T> p, OffsetCalculator<kBwCount, Index> cal
       if (valid && tile.lane_in_group == 0) {
         lse_t<T>* gsi = state_ptr(p.grad_sin, p.stacked, p.grad_s_state_stride, off[kBwGradS0],
                                   off[kBwGradS1], i);
-        *gsi = pi > 0 ? pi * (gs + ln_b * d) : C(0);
+        *gsi = pi != 0 ? pi * (gs + ln_b * d) : C(0);
       }
       dbar += pi * d;
     }
     if (valid && tile.lane_in_group == 0) {
       for (int64_t i = 0; i < p.num_states; ++i) {
         const C pi = prob(i);
-        if (pi > 0) {
+        if (pi != 0) {
           *state_ptr(p.grad_sin, p.stacked, p.grad_s_state_stride, off[kBwGradS0],
                      off[kBwGradS1], i) -= pi * ln_b * dbar;
         }

@@ -49,16 +49,17 @@ __device__ inline void store(T* base, int64_t chunk, int64_t stride, const compu
 // identity of addition, and a state of weight 0 is never added: a lone state
 // comes back bit for bit (signed zeros included), whatever an empty state
 // holds. Every forward kernel finishes a chunk here, so the pair and the stack
-// forms round alike.
+// forms round alike. An undefined cell (merge_math.h) comes out NaN.
 template <typename C, int VEC>
 __device__ inline void normalise(C (&acc)[VEC], C total) {
   const C scale = inverse_total(total);
 #pragma unroll
-  for (int e = 0; e < VEC; ++e) acc[e] = total > 0 ? acc[e] * scale : C(0);
+  for (int e = 0; e < VEC; ++e) acc[e] = merged_value(acc[e], total, scale);
 }
 
 // The weights of a pair of states: m the larger LSE, w_i = b^(s_i - m)
-// (both 0 when both states are empty), total = w0 + w1.
+// (both 0 when both states are empty), total = w0 + w1 (NaN when either LSE
+// is NaN or +inf).
 template <typename C>
 struct PairWeights {
   C m, w0, w1, total;
@@ -66,7 +67,7 @@ struct PairWeights {
 
 template <typename C>
 __device__ inline PairWeights<C> pair_weights(C s0, C s1, C log2_scale) {
-  PairWeights<C> w{fmax(s0, s1), C(0), C(0), C(0)};
+  PairWeights<C> w{merge_max(s0, s1), C(0), C(0), C(0)};
   if (w.m != neg_infinity<C>()) {
     w.w0 = state_weight<C>(s0, w.m, log2_scale);
     w.w1 = state_weight<C>(s1, w.m, log2_scale);

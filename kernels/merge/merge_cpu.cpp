@@ -43,7 +43,7 @@ void forward(const MergeForwardArgs& a) {
       return static_cast<const C*>(a.s[i])[off[kFwS0 + i]];
     };
     C m = neg_infinity<C>();
-    for (int64_t i = 0; i < n; ++i) m = std::max(m, s_of(i));
+    for (int64_t i = 0; i < n; ++i) m = merge_max(m, s_of(i));
     C total = 0;
     // -0 is the identity of addition: a lone state comes back bit for bit.
     for (int64_t j = 0; j < D; ++j) acc[j] = -C(0);
@@ -62,7 +62,7 @@ void forward(const MergeForwardArgs& a) {
     C* vo = static_cast<C*>(a.v_out) + off[kFwVOut];
     const C scale = inverse_total(total);
     for (int64_t j = 0; j < D; ++j) {
-      vo[j * a.inner_strides[kFwVOut]] = total > 0 ? acc[j] * scale : C(0);
+      vo[j * a.inner_strides[kFwVOut]] = merged_value(acc[j], total, scale);
     }
     static_cast<C*>(a.s_out)[off[kFwSOut]] = merged_lse(m, total, k);
   }
@@ -91,7 +91,7 @@ void backward(const MergeBackwardArgs& a) {
     const C* gv = static_cast<const C*>(a.grad_v) + off[kBwGradV];
     const C gs = a.grad_s ? static_cast<const C*>(a.grad_s)[off[kBwGradS]] : C(0);
     C m = neg_infinity<C>();
-    for (int64_t i = 0; i < n; ++i) m = std::max(m, *pick(a.s, kBwS0, a.s_state_stride, i));
+    for (int64_t i = 0; i < n; ++i) m = merge_max(m, *pick(a.s, kBwS0, a.s_state_stride, i));
     C total = 0;
     if (m != neg_infinity<C>()) {
       for (int64_t i = 0; i < n; ++i) {
@@ -103,24 +103,25 @@ void backward(const MergeBackwardArgs& a) {
       const C w = m == neg_infinity<C>()
                       ? C(0)
                       : state_weight(*pick(a.s, kBwS0, a.s_state_stride, i), m, k);
-      const C p = w > 0 ? w / total : C(0);
+      const C p = state_share(w, total);
       const C* vi = pick(a.v, kBwV0, a.v_state_stride, i);
       C* gvi = pick_out(a.grad_vin, kBwGradV0, a.grad_v_state_stride, i);
       C d = 0;
       for (int64_t j = 0; j < D; ++j) {
         const C g = gv[j * a.inner_strides[kBwGradV]];
-        if (p > 0) d += g * vi[j * inner(kBwV0, i)];
+        if (p != 0) d += g * vi[j * inner(kBwV0, i)];
         gvi[j * inner(kBwGradV0, i)] = p * g;
       }
       // First half of grad_s_i; the dbar term is subtracted once dbar is known.
-      *pick_out(a.grad_sin, kBwGradS0, a.grad_s_state_stride, i) = p > 0 ? p * (gs + ln_b * d) : C(0);
+      *pick_out(a.grad_sin, kBwGradS0, a.grad_s_state_stride, i) = p != 0 ? p * (gs + ln_b * d) : C(0);
       dbar += p * d;
     }
     for (int64_t i = 0; i < n; ++i) {
       const C w = m == neg_infinity<C>()
                       ? C(0)
                       : state_weight(*pick(a.s, kBwS0, a.s_state_stride, i), m, k);
-      if (w > 0) *pick_out(a.grad_sin, kBwGradS0, a.grad_s_state_stride, i) -= (w / total) * ln_b * dbar;
+      const C p = state_share(w, total);
+      if (p != 0) *pick_out(a.grad_sin, kBwGradS0, a.grad_s_state_stride, i) -= p * ln_b * dbar;
     }
   }
 }

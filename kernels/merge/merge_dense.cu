@@ -110,7 +110,7 @@ merge_stack_dense_kernel(DenseParams<T> p, typename DividerFor<Index>::type unit
   constexpr int kBatch = kShallow ? kShallowStack : kDeepBatch;
   C m = neg_infinity<C>();
   if (!kShallow) {
-    for (int64_t i = 0; i < n; ++i) m = fmax(m, static_cast<C>(s[i * h_count]));
+    for (int64_t i = 0; i < n; ++i) m = merge_max(m, static_cast<C>(s[i * h_count]));
   }
   const C k = p.log2_scale;
   C acc[kVec];
@@ -134,7 +134,7 @@ merge_stack_dense_kernel(DenseParams<T> p, typename DividerFor<Index>::type unit
     }
     if (kShallow) {
 #pragma unroll
-      for (int b = 0; b < kBatch; ++b) m = fmax(m, sb[b]);
+      for (int b = 0; b < kBatch; ++b) m = merge_max(m, sb[b]);
     }
     if (m != neg_infinity<C>()) {
 #pragma unroll

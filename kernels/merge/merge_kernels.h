@@ -7,6 +7,8 @@
 // with the empty state (v = 0, s = -inf) as neutral element: a cell whose
 // states are all empty gives (0, -inf), and a state of weight 0 is skipped
 // (never multiplied), so merging with an empty state is exact bit for bit.
+// A cell with an LSE of NaN or +inf is undefined and merges to (NaN, NaN)
+// (merge_math.h).
 //
 // States come in two forms: a pair of separate tensors (merge_state) or a
 // stack along one axis (merge_states). Every tensor may have its own strides.
@@ -60,7 +62,8 @@ enum MergeBackwardTensor {
 //   p_i = w_i / W,  d_i = <grad_v, v_i>,  dbar = sum_i p_i d_i
 //   grad_v_i = p_i grad_v
 //   grad_s_i = p_i (grad_s + ln(b) (d_i - dbar))
-// States of weight 0 (empty) get zero gradients.
+// States of weight 0 (empty) get zero gradients; every state of an
+// undefined cell gets NaN ones.
 struct MergeBackwardArgs {
   FloatDtype dtype = FloatDtype::kFloat32;
   int64_t num_states = 2;

@@ -5,11 +5,12 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/string_view.h>
 
 #include <optional>
 #include <tuple>
+
+#include "common/op_handle.h"
 
 namespace baracuda {
 
@@ -21,11 +22,6 @@ using ScanBackwardFn =
     at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&,
                const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, int64_t,
                c10::string_view, bool);
-
-template <typename Fn>
-c10::TypedOperatorHandle<Fn> find_op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Fn>();
-}
 
 // baracuda::scan_backward, an absent x, y or indices passed undefined.
 at::Tensor scan_backward_op(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& y,

@@ -102,9 +102,13 @@ StorageWindow validate_ranges(const char* op, const at::Tensor& dest,
                               bool writes_dest) {
   check_common(op, dest, source, packed, writes_dest);
   const int64_t rank = dest.dim();
-  TORCH_CHECK(static_cast<int64_t>(ranges.size()) == 2 * rank, "baracuda::", op,
-              ": expected one (start, end) pair per axis of dest (", rank,
-              " pairs), got ", ranges.size(), " numbers");
+  // ranges arrives flat; the caller wrote pairs, so count pairs.
+  TORCH_CHECK(ranges.size() % 2 == 0, "baracuda::", op, ": ranges=", ranges,
+              " has an odd length; it must hold one (start, end) pair per axis of dest, "
+              "flattened");
+  TORCH_CHECK(static_cast<int64_t>(ranges.size()) == 2 * rank, "baracuda::", op, ": got ",
+              ranges.size() / 2, " ranges for a ", rank,
+              "-d dest; expected one (start, end) pair per axis");
   StorageWindow w;
   for (int64_t d = 0; d < rank; ++d) {
     const int64_t start = ranges[2 * d], end = ranges[2 * d + 1];
