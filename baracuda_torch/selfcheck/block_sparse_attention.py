@@ -2,8 +2,6 @@
 dense mask as reference, dense-masked SDPA in the input dtype as the timed
 peer (what a user without block sparsity would call)."""
 
-import math
-
 import torch
 import torch.nn.functional as F
 
