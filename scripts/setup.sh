@@ -19,20 +19,25 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd -P)
 PY=${PYTHON:-python3}
 
-if ! "$PY" -c "import torch" 2>/dev/null; then
+if ! "$PY" -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)"; then
   "$PY" -m pip install --quiet --prefer-binary "torch==2.13.0"
 fi
 # Already-satisfied requirements cost no index look-up.
 "$PY" -m pip install --quiet ninja pytest expecttest numpy "setuptools>=77" wheel "ruff==0.17.6"
 
 # The build (both branches): ninja in build/ recompiles only what changed.
-# Not yet importable from outside this tree: an editable install, which builds.
+# Not yet installed editable from this tree: an editable install, which builds.
 # Otherwise a rebuild in place; --force lets ninja decide what is out of date
 # (setuptools alone would skip it when only a compile flag or torch changed),
 # so with nothing to compile it is a relink.
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
-installed=$(cd / && "$PY" -c "import baracuda_torch, os; print(os.path.dirname(os.path.realpath(baracuda_torch.__file__)))" 2>/dev/null || true)
-if [ "$installed" != "$ROOT/baracuda_torch" ]; then
+# The tree that an editable install points at, from its metadata (no import;
+# from / so that the egg-info of this tree is not what is read).
+installed=$(cd / && "$PY" -c "
+import importlib.metadata as m, json
+url = json.loads(m.distribution('baracuda-torch').read_text('direct_url.json'))
+print(url['url'] if url.get('dir_info', {}).get('editable') else '')" 2>/dev/null || true)
+if [ "$installed" != "file://$ROOT" ]; then
   "$PY" -m pip install --quiet --no-build-isolation --no-deps -e .
 else
   "$PY" setup.py --quiet build_ext --inplace --force
