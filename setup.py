@@ -1,4 +1,5 @@
-"""Build of baracuda_torch and its one extension module, baracuda_torch._C.
+"""Build of baracuda_torch's one extension module, baracuda_torch._C (the
+package's metadata and version are in pyproject.toml).
 
 CPU kernels are always built. CUDA kernels are built when torch was built
 with CUDA and nvcc is found; BARACUDA_WITH_CUDA=0/1 overrides the detection
@@ -10,9 +11,10 @@ torch.utils.cpp_extension); ninja is used when installed.
 import glob
 import os
 import sys
+import sysconfig
 
 import torch
-from setuptools import find_packages, setup
+from setuptools import setup
 from torch.utils import cpp_extension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -43,6 +45,15 @@ def sources(with_cuda: bool) -> list:
     else:
         files += sorted(glob.glob(os.path.join(KERNELS, "**", "*.cu"), recursive=True))
     return [rel(f) for f in files]
+
+
+def headers() -> list:
+    """Every header under kernels/: setuptools relinks the extension only when
+    a file it depends on is newer than the built library, and ninja then
+    recompiles just the objects whose headers changed."""
+    files = glob.glob(os.path.join(KERNELS, "**", "*.h"), recursive=True)
+    files += glob.glob(os.path.join(KERNELS, "**", "*.cuh"), recursive=True)
+    return sorted(os.path.relpath(f, ROOT) for f in files)
 
 
 def link_args() -> list:
@@ -111,6 +122,7 @@ def extension():
     return kind(
         name="baracuda_torch._C",
         sources=sources(with_cuda),
+        depends=headers(),
         include_dirs=[KERNELS],
         define_macros=defines,
         extra_compile_args={"cxx": cxx, "nvcc": nvcc},
@@ -119,14 +131,23 @@ def extension():
     )
 
 
+class BuildExtension(cpp_extension.BuildExtension):
+    """torch's build_ext, compiling editable installs in build/ as well.
+
+    setuptools points an editable install's build at a fresh temporary
+    directory, so every `pip install -e .` would recompile everything; in the
+    build directory of `setup.py build_ext` ninja recompiles only what changed.
+    """
+
+    def finalize_options(self):
+        super().finalize_options()
+        if getattr(self, "editable_mode", False):
+            tag = f"{sysconfig.get_platform()}-{sys.implementation.cache_tag}"
+            self.build_temp = os.path.join(ROOT, "build", f"temp.{tag}")
+
+
 setup(
-    name="baracuda_torch",
-    version="0.1.0",
-    description="Bespoke CUDA kernels for PyTorch as torch.ops.baracuda custom operators",
-    packages=find_packages(include=["baracuda_torch", "baracuda_torch.*"]),
     ext_modules=[extension()],
-    cmdclass={"build_ext": cpp_extension.BuildExtension},
+    cmdclass={"build_ext": BuildExtension},
     options={"bdist_wheel": {"py_limited_api": "cp39"}},
-    python_requires=">=3.9",
-    install_requires=["torch"],
 )

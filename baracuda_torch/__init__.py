@@ -8,6 +8,7 @@ functions, their fake kernels for torch.compile, and their autograd formulas.
 import torch  # noqa: F401  (must be loaded before the extension)
 
 from . import _C  # noqa: F401  (registers torch.ops.baracuda.*)
+from ._version import __version__
 from . import masks, nn  # noqa: F401
 from .block_sparse_attention import (attention_flops, block_sparse_attention,
                                      block_sparse_attention_path)
@@ -17,6 +18,7 @@ from .scan import cummax, cummin, cumprod, cumsum, logcumsumexp, scan_path
 from .write_slice import write_slice, write_slice_, write_slice_at_, write_slice_path
 
 __all__ = [
+    "__version__",
     "attention_flops",
     "block_sparse_attention",
     "block_sparse_attention_path",

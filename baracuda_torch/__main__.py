@@ -3,9 +3,11 @@
 Reports how the extension was built and what this machine has, then runs
 every op family on every available device against its torch reference and
 prints one table (op, device, dtype, max error, our time, the torch peer's
-time). Exits non-zero if any result is off its reference.
+time). Exits non-zero if any result is off its reference. ``--family`` and
+``--device`` narrow the run; ``--help`` lists them.
 """
 
+import argparse
 import sys
 
 import torch
@@ -41,13 +43,54 @@ def devices():
     return out
 
 
-def main() -> int:
+def family_name(family) -> str:
+    return family.__name__.rsplit(".", 1)[-1]
+
+
+def _choices(values, known, what):
+    """The entries of repeated / comma-separated ``values`` (all of ``known``
+    when none were given), each checked against ``known``."""
+    picked = [v.strip() for vs in (values or []) for v in vs.split(",") if v.strip()]
+    unknown = sorted(set(picked) - set(known))
+    if unknown:
+        raise SystemExit(f"unknown {what}: {', '.join(unknown)} (choose from {', '.join(known)})")
+    return [k for k in known if k in picked] if picked else list(known)
+
+
+def parse_args(argv):
+    names = [family_name(f) for f in families()]
+    parser = argparse.ArgumentParser(
+        prog="python -m baracuda_torch",
+        description="Check each op family against its torch reference on each device and "
+                    "time it beside its torch peer; exits non-zero if a result is off.")
+    parser.add_argument("--family", action="append", metavar="NAME",
+                        help=f"family to run, repeatable or comma-separated: {', '.join(names)} "
+                             "(default: all)")
+    parser.add_argument("--device", action="append", metavar="DEV",
+                        help="device to run on, repeatable or comma-separated: cpu, cuda "
+                             "(default: cpu, and cuda when a GPU and the CUDA kernels are there)")
+    args = parser.parse_args(argv)
+    args.family = _choices(args.family, names, "family")
+    available = [d.type for d in devices()]
+    if args.device:
+        args.device = _choices(args.device, ["cpu", "cuda"], "device")
+        missing = [d for d in args.device if d not in available]
+        if missing:
+            raise SystemExit(f"device not available here: {', '.join(missing)} "
+                             f"(available: {', '.join(available)})")
+    else:
+        args.device = available
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     report_build()
     header = ("op", "device", "dtype", "shape", "max err", "ours µs", "torch µs", "ok")
     rows = []
     failures = 0
-    for device in devices():
-        for family in families():
+    for device in map(torch.device, args.device):
+        for family in (f for f in families() if family_name(f) in args.family):
             for check in family.checks(device):
                 ours = check.run_ours()
                 err = max_abs_error(ours, check.run_reference())

@@ -40,7 +40,6 @@ def copy_roofline_gbs(device, quick):
     src = torch.empty(n, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     us = median_us(lambda: dst.copy_(src), device, warmup=3, reps=20)
-    del src, dst
     return 2 * n / us / 1e3
 
 

@@ -98,6 +98,7 @@ def test_dtypes_and_head_dims(device, dtype, D):
     check(q, k, v, m, 64, is_causal=D in (64, 128, 256))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block_size", [64, 128, (128, 64), (64, 128), (16, 32), 48, 1, (7, 300)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("is_causal", [False, True])

@@ -193,6 +193,7 @@ BACKWARD_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", BACKWARD_CASES, ids=lambda c: "x".join(map(str, c[1])))
 @pytest.mark.parametrize("placement", ["torch", "even"])
@@ -230,6 +231,7 @@ def test_opcheck_forward_and_backward(device, dims, rng):
             (gy.requires_grad_(), idx, s, list(x.shape), k, "torch"))
 
 
+@pytest.mark.slow
 def test_compile_fullgraph_dynamic(device, rng):
     def f(x, s):
         return bt.fractional_max_pool2d(x, 3, output_ratio=0.5, _random_samples=s).sum()

@@ -151,6 +151,7 @@ def test_forward_every_dtype_on_every_path(device, dtype, name, rng):
             check(name, x, dim, reverse)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ALL_OPS)
 @pytest.mark.parametrize("shape,dim,path", PATH_CASES, ids=lambda v: str(v))
 def test_every_cuda_path(device, name, shape, dim, path, rng):
@@ -352,6 +353,7 @@ def check_forward_and_grad_on_path(name, dtype, device, rng, cases, path):
             check_grad(name, x, dim, reverse, dy)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("name", ALL_OPS)
 def test_strip_tiles_every_dtype(device, dtype, name, rng):
@@ -377,6 +379,7 @@ def test_strip_tiles_long_tiles(device, dtype, name, rng):
                                    "strip_tiles")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("name", ALL_OPS)
 def test_column_tiles_few_and_many_columns(device, dtype, name, rng):
@@ -448,6 +451,7 @@ def test_row_groups_vector_and_element_runs(device, dtype, name, rng):
             check_grad(name, x, -1, reverse, dy)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("name", ALL_OPS)
 def test_strips_staged_and_through_registers(device, dtype, name, rng):
@@ -565,6 +569,7 @@ def test_logcumsumexp_neg_inf_prefix_and_large_magnitudes(device):
     assert (g == 0).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("shape,dim,path", ONE_PER_PATH, ids=lambda v: str(v))
 def test_logcumsumexp_wide_spans_and_neg_inf_stretches(device, dtype, shape, dim, path, rng):
@@ -600,6 +605,7 @@ def test_logcumsumexp_wide_spans_and_neg_inf_stretches(device, dtype, shape, dim
                                        rtol=t["rtol"] + slack)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("shape,dim,path", ONE_PER_PATH, ids=lambda v: str(v))
 def test_logcumsumexp_masked_stretches(device, dtype, shape, dim, path, rng):
@@ -680,6 +686,7 @@ def test_logcumsumexp_nan_and_inf_inside_runs(device, dtype, shape, dim, path, r
 WARP_ROWS = (8448, 264)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_logcumsumexp_two_byte_rows_a_warp_each(device, dtype, rng):
     assert bt.scan_path(torch.empty(WARP_ROWS, device="meta"), -1) == "row_groups"
@@ -996,6 +1003,7 @@ def test_scan_backward_errors(device):
         ops.scan_backward(g, g.double(), g, None, 1, "cumprod", False)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("name", ALL_OPS)
 def test_tens_of_millions_on_cuda(name):
