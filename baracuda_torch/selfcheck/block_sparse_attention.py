@@ -5,6 +5,8 @@ call). Backward rows compare the gradients of q, k and v (flattened one
 after the other) for one fixed output gradient; their peer is SDPA's
 backward on the same mask."""
 
+import math
+
 import torch
 import torch.nn.functional as F
 
