@@ -476,6 +476,7 @@ def test_states_on_another_device_raise(device, rng):
     # A meta tensor among them sends the call to the ops' Meta kernels, which
     # must refuse as the real kernels do.
     va, sa = random_state((3, 2, 8), torch.float32, device, rng)
+    device = va.device  # with its index, as the messages name it: cuda:0
     meta = torch.device("meta")
     v, s = va.clone(), sa.clone()
     with pytest.raises(RuntimeError, match=rf"baracuda::merge_state_: v_other and s_other must be "
