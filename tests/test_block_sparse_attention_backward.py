@@ -281,12 +281,16 @@ def _hopper(device):
 @pytest.mark.parametrize("block_size", [64, 128, (128, 64), (64, 128), (256, 128)])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_wgmma_backward(device, monkeypatch, block_size, D, dtype):
-    """The Hopper backward (opt-in): uneven lengths, Lq != Lk, GQA, causal and
-    not, empty query blocks, grad_lse; bit-identical on a second run."""
+@pytest.mark.parametrize("wgmma", [True, False])
+def test_tensor_core_shapes_backward(device, monkeypatch, block_size, D, dtype, wgmma):
+    """The shapes the Hopper wgmma backward takes (by default on Hopper), and
+    the generic executor on them with wgmma disabled: uneven lengths,
+    Lq != Lk, GQA, causal and not, empty query blocks, grad_lse; bit-identical
+    on a second run."""
     if not _hopper(device):
         pytest.skip("the wgmma backward runs on Hopper GPUs")
-    monkeypatch.setenv("BARACUDA_WGMMA_BACKWARD", "1")
+    if not wgmma:
+        monkeypatch.setenv("BARACUDA_DISABLE_WGMMA", "1")
     q, k, v = inputs(2, 4, 2, 300, 517, D, D, dtype, device, seed=D)
     m = random_mask(2, 4, 300, 517, block_size, device, density=0.6, seed=D + 1)
     m[:, :, 1] = False  # query blocks that see nothing
@@ -297,12 +301,11 @@ def test_wgmma_backward(device, monkeypatch, block_size, D, dtype):
             assert torch.equal(a, b)
 
 
-def test_wgmma_backward_many_items_and_nan(device, monkeypatch):
+def test_wgmma_backward_many_items_and_nan(device):
     """More work items than resident CTAs (the persistent grids' counters
     restart on every call), strided inputs, and a NaN reaching its rows."""
     if not _hopper(device):
         pytest.skip("the wgmma backward runs on Hopper GPUs")
-    monkeypatch.setenv("BARACUDA_WGMMA_BACKWARD", "1")
     q, k, v = inputs(3, 16, 4, 1100, 900, 128, 128, torch.bfloat16, device, seed=11)
     m = random_mask(3, 16, 1100, 900, 128, device, density=0.4, seed=12)
     check(q.transpose(1, 2).contiguous().transpose(1, 2), k, v, m, 128, is_causal=True)

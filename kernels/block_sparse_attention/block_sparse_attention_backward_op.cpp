@@ -46,12 +46,10 @@ at::Tensor compute_operand(const at::Tensor& t) {
 }
 
 #ifdef BARACUDA_WITH_CUDA
-// The wgmma backward is opt-in (BARACUDA_WGMMA_BACKWARD=1) until its CUDA
-// tests have passed on a Hopper GPU; it takes the problems the Hopper
-// forward takes, and everything else runs the generic executor.
+// The wgmma backward takes the problems the Hopper forward takes;
+// everything else runs the generic executor.
 bool use_hopper_backward(const AttentionProblem& p) {
-  return env_flag("BARACUDA_WGMMA_BACKWARD") && tensor_core_shape(p) &&
-         !env_flag("BARACUDA_DISABLE_WGMMA") &&
+  return tensor_core_shape(p) && !env_flag("BARACUDA_DISABLE_WGMMA") &&
          block_sparse_attention_hopper_available(p.q.get_device());
 }
 #endif

@@ -359,11 +359,13 @@ __global__ void __launch_bounds__(hopper_threads<kConsumers>(), kConsumers == 1 
     mbarrier_init_fence();
   }
   __syncthreads();
-  // 128 x 32 + 256 x 240 registers fill the 64 K of an SM: dK and dV stay in
-  // the consumers' registers for a whole item.
+  // dK and dV stay in the consumers' registers for a whole item. The CTA's
+  // register pool is what the launch allocated, 168 x 384 (the launch bound's
+  // share of 64 K): 128 x 24 + 256 x 240 fills it exactly. A split that asks
+  // for more leaves setmaxnreg.inc waiting for ever.
   constexpr bool kMoveRegisters = kConsumers == 2;
   if (warp >= kConsumers * 4) {
-    if constexpr (kMoveRegisters) warpgroup_registers_release<32>();
+    if constexpr (kMoveRegisters) warpgroup_registers_release<24>();
     if (warp == kConsumers * 4 && lane == 0) {
       produce_key_tiles<T, D, NK, STAGES>(&q_map, &do_map, &k_map, &v_map, ba, k_tiles,
                                           work_counter, ring);
@@ -567,10 +569,11 @@ template <typename T, int D>
 KernelStatus launch_for_blocks(const BlockSparseAttentionBackwardArgs& ba, int* counters,
                                cudaStream_t s) {
   const BlockSparseAttentionArgs& a = ba.forward;
-  // 128 keys (two warpgroups) per dK / dV item where the key block allows
-  // it; 128 query rows per dQ item where the query block does.
-  const KernelStatus kv = a.block_k % 128 == 0 ? launch_grad_kv<T, D, 2>(ba, counters, s)
-                                               : launch_grad_kv<T, D, 1>(ba, counters, s);
+  // 64 keys (one warpgroup) per dK / dV item. The kernel also takes 128-key
+  // items (two warpgroups, for key blocks of 128); they are not selected until
+  // they have been measured against 64-key items on a GPU. 128 query rows per
+  // dQ item where the query block allows it.
+  const KernelStatus kv = launch_grad_kv<T, D, 1>(ba, counters, s);
   if (!kv.is_ok()) return kv;
   return a.block_q % 128 == 0 ? launch_grad_q<T, D, 2>(ba, counters + 1, s)
                               : launch_grad_q<T, D, 1>(ba, counters + 1, s);
