@@ -45,8 +45,6 @@ from typing import Tuple, Union
 import torch
 from torch import Tensor
 
-from . import _no_grad_call
-
 _OPS = torch.ops.baracuda
 
 BlockSize = Union[int, Tuple[int, int]]
@@ -94,8 +92,7 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, 
         >>> out = block_sparse_attention(q, k, v, m.cuda(), block_size=128, is_causal=True)
     """
     bq, bk = block_sizes(block_size)
-    out, lse = _no_grad_call.call(_OPS.block_sparse_attention.default, (q, k, v),
-                                  q, k, v, block_mask, bq, bk, scale, is_causal)
+    out, lse = _OPS.block_sparse_attention.default(q, k, v, block_mask, bq, bk, scale, is_causal)
     return (out, lse) if return_lse else out
 
 
@@ -128,7 +125,7 @@ def attention_flops(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor,
     return 2.0 * float(pairs) * (D + v.shape[-1])
 
 
-# ---------------------------------------------------------------- fake kernel
+# ---------------------------------------------------------------- fake kernels
 
 
 @torch.library.register_fake("baracuda::block_sparse_attention")
@@ -138,42 +135,9 @@ def _block_sparse_attention_fake(q, k, v, block_mask, block_q, block_k, scale=No
     return q.new_empty((B, H, Lq, v.shape[-1])), q.new_empty((B, H, Lq), dtype=lse_dtype)
 
 
-# ---------------------------------------------------------------- autograd
-
-
-def _setup(ctx, inputs, output):
-    q, k, v, block_mask, block_q, block_k, scale, is_causal = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, block_mask)
-    ctx.params = (block_q, block_k, scale, is_causal)
-    # An output the caller did not use (often lse) brings None, not zeros.
-    ctx.set_materialize_grads(False)
-
-
-def _backward(ctx, grad_out, grad_lse):
-    q, k, v, out, lse, block_mask = ctx.saved_tensors
-    if grad_out is None and grad_lse is None:
-        return (None,) * 8
-    dq, dk, dv = _OPS.block_sparse_attention_backward.default(
-        grad_out, grad_lse, q, k, v, out, lse, block_mask, *ctx.params)
-    return dq, dk, dv, None, None, None, None, None
-
-
-torch.library.register_autograd("baracuda::block_sparse_attention", _backward, setup_context=_setup)
-
-
 @torch.library.register_fake("baracuda::block_sparse_attention_backward")
 def _block_sparse_attention_backward_fake(grad_out, grad_lse, q, k, v, out, lse, block_mask,
                                           block_q, block_k, scale=None, is_causal=False):
     return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
             torch.empty(k.shape, dtype=k.dtype, device=k.device),
             torch.empty(v.shape, dtype=v.dtype, device=v.device))
-
-
-def _no_double_backward(ctx, *grads):
-    raise RuntimeError("baracuda::block_sparse_attention_backward: double backward (a gradient "
-                       "of the gradient) is not supported")
-
-
-torch.library.register_autograd("baracuda::block_sparse_attention_backward", _no_double_backward,
-                                setup_context=lambda ctx, inputs, output: None)

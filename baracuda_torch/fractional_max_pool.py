@@ -42,7 +42,6 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
-from . import _no_grad_call
 
 _OPS = torch.ops.baracuda
 
@@ -97,8 +96,8 @@ def _pool(x: Tensor, dims: int, kernel_size: Size, output_size, output_ratio,
                                "use float16, bfloat16, float32 or float64")
         batch = 1 if x.dim() == dims + 1 else x.size(0)
         samples = torch.rand(batch, x.size(-dims - 1), dims, dtype=x.dtype, device=x.device)
-    out, indices = _no_grad_call.call(_OPS.fractional_max_pool.default, (x,), x, list(kernel),
-                                      list(out_size), samples, placement)
+    out, indices = _OPS.fractional_max_pool.default(x, list(kernel), list(out_size), samples,
+                                                    placement)
     return (out, indices) if return_indices else out
 
 
@@ -162,48 +161,3 @@ def _fractional_max_pool_backward_fake(grad_out, indices, samples, input_size, k
     _check_device("fractional_max_pool_backward", "samples", samples, "the input", grad_out)
     _check_device("fractional_max_pool_backward", "indices", indices, "grad_out", grad_out)
     return grad_out.new_empty(input_size)
-
-
-# ---------------------------------------------------------------- autograd
-
-
-def _setup_pool(ctx, inputs, output):
-    x, kernel_size, _, samples, placement = inputs
-    ctx.save_for_backward(output[1], samples)
-    ctx.input_size = list(x.shape)
-    ctx.kernel_size = list(kernel_size)
-    ctx.placement = placement
-    ctx.mark_non_differentiable(output[1])
-
-
-def _backward_pool(ctx, grad_out, _grad_indices):
-    indices, samples = ctx.saved_tensors
-    grad_x = _OPS.fractional_max_pool_backward.default(
-        grad_out, indices, samples, ctx.input_size, ctx.kernel_size, ctx.placement)
-    return grad_x, None, None, None, None
-
-
-def _gather_at(values: Tensor, indices: Tensor, dims: int) -> Tensor:
-    """values[..., indices] per (n, c) plane: the adjoint of the backward."""
-    flat = values.flatten(-dims)
-    picked = torch.gather(flat, -1, indices.flatten(-dims))
-    return picked.view(indices.shape)
-
-
-def _setup_pool_backward(ctx, inputs, output):
-    _, indices, _, _, kernel_size, _ = inputs
-    ctx.save_for_backward(indices)
-    ctx.dims = len(kernel_size)
-
-
-def _backward_pool_backward(ctx, grad_grad_x):
-    (indices,) = ctx.saved_tensors
-    # The backward is linear in grad_out: grad_x = scatter of grad_out at the
-    # indices, so its own gradient is the gather at the same indices.
-    return _gather_at(grad_grad_x, indices, ctx.dims), None, None, None, None, None
-
-
-torch.library.register_autograd("baracuda::fractional_max_pool", _backward_pool,
-                                setup_context=_setup_pool)
-torch.library.register_autograd("baracuda::fractional_max_pool_backward",
-                                _backward_pool_backward, setup_context=_setup_pool_backward)

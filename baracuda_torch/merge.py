@@ -41,8 +41,6 @@ from typing import Tuple
 import torch
 from torch import Tensor
 
-from . import _no_grad_call
-
 _OPS = torch.ops.baracuda
 
 
@@ -59,8 +57,7 @@ def merge_state(v_a: Tensor, s_a: Tensor, v_b: Tensor, s_b: Tensor, *,
         >>> out, lse = merge_state(out_prefix, lse_prefix, out_suffix, lse_suffix,
         ...                        lse_base="e")
     """
-    return _no_grad_call.call(_OPS.merge_state.default, (v_a, s_a, v_b, s_b),
-                              v_a, s_a, v_b, s_b, lse_base)
+    return _OPS.merge_state.default(v_a, s_a, v_b, s_b, lse_base)
 
 
 def merge_state_(v: Tensor, s: Tensor, v_other: Tensor, s_other: Tensor, *,
@@ -88,7 +85,7 @@ def merge_states(v: Tensor, s: Tensor, *, lse_base: str = "2") -> Tuple[Tensor, 
         >>> s = torch.randn(4096, 8, 32)
         >>> out, lse = merge_states(v, s)               # [4096, 32, 128], [4096, 32]
     """
-    return _no_grad_call.call(_OPS.merge_states.default, (v, s), v, s, lse_base)
+    return _OPS.merge_states.default(v, s, lse_base)
 
 
 # ---------------------------------------------------------------- fake kernels
@@ -141,46 +138,3 @@ def _merge_states_backward_fake(grad_v, grad_s, v, s, lse_base):
     _check_devices("merge_states_backward", v, ("grad_v", "grad_s", grad_v, grad_s),
                    ("v", "s", v, s))
     return v.new_empty(v.shape), s.new_empty(s.shape)
-
-
-# ---------------------------------------------------------------- autograd
-#
-# Double backward is not provided: the backward ops have no derivative
-# formula of their own.
-
-
-def _dense(grad, like, shape):
-    """Autograd passes None for an unused output; the kernels want zeros."""
-    return like.new_zeros(shape) if grad is None else grad
-
-
-def _setup_merge_state(ctx, inputs, output):
-    v_a, s_a, v_b, s_b, lse_base = inputs
-    ctx.save_for_backward(v_a, s_a, v_b, s_b)
-    ctx.lse_base = lse_base
-
-
-def _backward_merge_state(ctx, grad_v, grad_s):
-    v_a, s_a, v_b, s_b = ctx.saved_tensors
-    gva, gsa, gvb, gsb = _OPS.merge_state_backward.default(
-        _dense(grad_v, v_a, v_a.shape), grad_s, v_a, s_a, v_b, s_b, ctx.lse_base)
-    return gva, gsa, gvb, gsb, None
-
-
-def _setup_merge_states(ctx, inputs, output):
-    v, s, lse_base = inputs
-    ctx.save_for_backward(v, s)
-    ctx.lse_base = lse_base
-
-
-def _backward_merge_states(ctx, grad_v, grad_s):
-    v, s = ctx.saved_tensors
-    grad_v = _dense(grad_v, v, v.shape[:-3] + v.shape[-2:])
-    gv, gs = _OPS.merge_states_backward.default(grad_v, grad_s, v, s, ctx.lse_base)
-    return gv, gs, None
-
-
-torch.library.register_autograd("baracuda::merge_state", _backward_merge_state,
-                                setup_context=_setup_merge_state)
-torch.library.register_autograd("baracuda::merge_states", _backward_merge_states,
-                                setup_context=_setup_merge_states)

@@ -213,32 +213,3 @@ def _write_slice_fake(dest, source, ranges, packed_int4=False):
     _check_devices("write_slice", dest, source=source)
     # Same layout rule as the real kernel's clone (preserve_format).
     return torch.empty_like(dest)
-
-
-# ---------------------------------------------------------------- autograd
-
-
-def _setup_write_slice(ctx, inputs, output):
-    dest, source, ranges, packed_int4 = inputs
-    ctx.ranges = ranges
-    ctx.packed_int4 = packed_int4
-    ctx.source_shape = source.shape
-
-
-def _backward_write_slice(ctx, grad):
-    grad_dest = grad_source = None
-    if ctx.needs_input_grad[0]:
-        zeros = grad.new_zeros(ctx.source_shape)
-        grad_dest = torch.ops.baracuda.write_slice(grad, zeros, ctx.ranges, ctx.packed_int4)
-    if ctx.needs_input_grad[1]:
-        window = grad
-        for axis in range(grad.dim()):
-            start, end = ctx.ranges[2 * axis], ctx.ranges[2 * axis + 1]
-            window = window.narrow(axis, start, end - start)
-        grad_source = window
-    return grad_dest, grad_source, None, None
-
-
-torch.library.register_autograd(
-    "baracuda::write_slice", _backward_write_slice, setup_context=_setup_write_slice
-)

@@ -338,6 +338,24 @@ def test_gradcheck(device, base, rng):
     assert torch.autograd.gradcheck(lambda a, b, c, d: bt.merge_state(a, b, c, d)[0], inputs)
 
 
+def test_double_backward_raises(device, rng):
+    # The backward ops have no derivative; a gradient of the gradient is
+    # refused when it is asked for, never returned as zeros.
+    va, sa = random_state((3, 2, 5), torch.float64, device, rng, spread=1.0)
+    vb, sb = random_state((3, 2, 5), torch.float64, device, rng, spread=1.0)
+    inputs = [t.requires_grad_() for t in (va, sa, vb, sb)]
+    v, _ = bt.merge_state(*inputs)
+    grads = torch.autograd.grad(v.sum(), inputs, create_graph=True)
+    with pytest.raises(RuntimeError, match="merge_state_backward: double backward"):
+        grads[0].sum().backward()
+    vs, ss = random_state((2, 4, 3, 6), torch.float64, device, rng, spread=1.0)
+    vs.requires_grad_()
+    out, lse = bt.merge_states(vs, ss)
+    (g,) = torch.autograd.grad(out.sum() + lse.sum(), vs, create_graph=True)
+    with pytest.raises(RuntimeError, match="merge_states_backward: double backward"):
+        g.sum().backward()
+
+
 def test_backward_at_empty_states_is_finite_and_zero_toward_empty(device, rng):
     va, sa = random_state((4, 2, 8), torch.float32, device, rng)
     vb, sb = random_state((4, 2, 8), torch.float32, device, rng)

@@ -6,10 +6,11 @@
 // version counter is bumped so saved copies of it are checked, and a leaf
 // that requires grad is refused before anything is written, as torch does.
 //
-// torch.library.register_autograd takes functional ops only, so these are
-// C++ kernels at the Autograd key (and the version bump at ADInplaceOrView,
-// where torch's own in-place ops bump it). The out-of-place write_slice
-// keeps its Python formula (write_slice.py).
+// The out-of-place write_slice has the same gradients. All three are C++
+// kernels at the Autograd key, as every family's autograd is
+// (torch.library.register_autograd takes functional ops only), and the
+// in-place ones bump the version at ADInplaceOrView, where torch's own
+// in-place ops bump it.
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/arange.h>
@@ -39,6 +40,14 @@ const c10::TypedOperatorHandle<WriteSliceFn>& write_slice_op() {
   return op;
 }
 
+using WriteSliceCopyFn = at::Tensor(const at::Tensor&, const at::Tensor&, c10::SymIntArrayRef,
+                                    bool);
+
+const c10::TypedOperatorHandle<WriteSliceCopyFn>& write_slice_copy_op() {
+  static const auto op = find_op<WriteSliceCopyFn>("baracuda::write_slice");
+  return op;
+}
+
 const c10::TypedOperatorHandle<WriteSliceAtFn>& write_slice_at_op() {
   static const auto op = find_op<WriteSliceAtFn>("baracuda::write_slice_at_");
   return op;
@@ -63,6 +72,19 @@ at::Tensor window_of(const at::Tensor& t, const std::vector<c10::SymInt>& ranges
   return w;
 }
 
+// The gradients of a write of source into dest's window, in place or not:
+// dest's is the incoming one with the window zeroed, source's its window.
+variable_list window_write_grads(AutogradContext* ctx, const at::Tensor& grad) {
+  const std::vector<c10::SymInt> ranges = ctx->saved_data["ranges"].toSymIntVector();
+  at::Tensor grad_dest, grad_source;
+  if (ctx->needs_input_grad(0)) {
+    grad_dest = grad.clone();
+    window_of(grad_dest, ranges).zero_();
+  }
+  if (ctx->needs_input_grad(1)) grad_source = window_of(grad, ranges);
+  return {grad_dest, grad_source, at::Tensor(), at::Tensor()};
+}
+
 struct WriteSliceInPlace : public torch::autograd::Function<WriteSliceInPlace> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& dest, const at::Tensor& source,
                             c10::SymIntArrayRef ranges, bool packed_int4) {
@@ -73,15 +95,19 @@ struct WriteSliceInPlace : public torch::autograd::Function<WriteSliceInPlace> {
     return dest;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const std::vector<c10::SymInt> ranges = ctx->saved_data["ranges"].toSymIntVector();
-    const at::Tensor& grad = grads[0];
-    at::Tensor grad_dest, grad_source;
-    if (ctx->needs_input_grad(0)) {
-      grad_dest = grad.clone();
-      window_of(grad_dest, ranges).zero_();
-    }
-    if (ctx->needs_input_grad(1)) grad_source = window_of(grad, ranges);
-    return {grad_dest, grad_source, at::Tensor(), at::Tensor()};
+    return window_write_grads(ctx, grads[0]);
+  }
+};
+
+struct WriteSlice : public torch::autograd::Function<WriteSlice> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& dest, const at::Tensor& source,
+                            c10::SymIntArrayRef ranges, bool packed_int4) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    ctx->saved_data["ranges"] = c10::IValue(ranges);
+    return write_slice_copy_op().call(dest, source, ranges, packed_int4);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return window_write_grads(ctx, grads[0]);
   }
 };
 
@@ -157,6 +183,15 @@ void write_slice_at_autograd(const at::Tensor& dest, const at::Tensor& source, i
   WriteSliceAtInPlace::apply(dest, source, dim, offsets, packed_int4);
 }
 
+at::Tensor write_slice_copy_autograd(const at::Tensor& dest, const at::Tensor& source,
+                                     c10::SymIntArrayRef ranges, bool packed_int4) {
+  if (!c10::GradMode::is_enabled() || !(dest.requires_grad() || source.requires_grad())) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    return write_slice_copy_op().call(dest, source, ranges, packed_int4);
+  }
+  return WriteSlice::apply(dest, source, ranges, packed_int4);
+}
+
 void write_slice_bump_version(const at::Tensor& dest, const at::Tensor& source,
                               c10::SymIntArrayRef ranges, bool packed_int4) {
   {
@@ -180,6 +215,7 @@ void write_slice_at_bump_version(const at::Tensor& dest, const at::Tensor& sourc
 TORCH_LIBRARY_IMPL(baracuda, Autograd, m) {
   m.impl("write_slice_", &write_slice_autograd);
   m.impl("write_slice_at_", &write_slice_at_autograd);
+  m.impl("write_slice", &write_slice_copy_autograd);
 }
 
 TORCH_LIBRARY_IMPL(baracuda, ADInplaceOrView, m) {
