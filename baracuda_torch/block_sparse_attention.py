@@ -61,27 +61,70 @@ def block_sizes(block_size: BlockSize) -> Tuple[int, int]:
     return pair
 
 
-def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, *,
+def _all_blocks(q: Tensor, k: Tensor, bq: int, bk: int) -> Tensor:
+    """A mask with every tile on, broadcast over batch and heads (one byte
+    stored)."""
+    nbq, nbk = -(-q.shape[2] // bq), -(-k.shape[2] // bk)
+    return torch.ones((1, 1, 1, 1), dtype=torch.bool, device=q.device).expand(1, 1, nbq, nbk)
+
+
+def _element_arguments(causal_align: str, window, document_ids) -> tuple:
+    """The ops' trailing element arguments from the public ones."""
+    if window is None:
+        left = right = None
+    else:
+        if not isinstance(window, (tuple, list)) or len(window) != 2:
+            raise ValueError(f"block_sparse_attention: window={window!r} must be a pair "
+                             "(left, right), None on a side for no limit")
+        left, right = window
+    if document_ids is None:
+        q_ids = kv_ids = None
+    else:
+        if not isinstance(document_ids, (tuple, list)) or len(document_ids) != 2:
+            raise ValueError("block_sparse_attention: document_ids must be a pair (q_ids, kv_ids) "
+                             f"of tensors, got {type(document_ids).__name__}")
+        q_ids, kv_ids = document_ids
+    return causal_align, left, right, q_ids, kv_ids
+
+
+def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor = None, *,
                            block_size: BlockSize = 64, scale: float = None,
-                           is_causal: bool = False, return_lse: bool = False):
-    """Attention over the key blocks that ``block_mask`` keeps.
+                           is_causal: bool = False, causal_align: str = "top_left",
+                           window=None, document_ids=None, return_lse: bool = False):
+    """Attention over the keys that the block mask and the element conditions
+    keep; all conditions AND together.
 
     Args:
         q, k, v: ``[B, H, Lq, D]``, ``[B, Hkv, Lk, D]``, ``[B, Hkv, Lk, Dv]``.
         block_mask: bool/uint8 ``[B or 1, H or 1, nbq, nbk]`` with
             ``nbq = ceil(Lq / block_q)``, ``nbk = ceil(Lk / block_k)``; size-1
             axes broadcast. ``[B or 1, H or 1, nbq * nbk]`` is accepted too.
+            ``None``: every tile on. Tiles are whole: a tile that is on
+            computes every key the element conditions keep.
         block_size: ``block_q = block_k`` (int) or ``(block_q, block_k)``. Any
             positive sizes are correct; multiples of 64 take the tensor-core
-            path on CUDA for float16/bfloat16 with ``D = Dv`` in {64, 128}.
+            path on CUDA for float16/bfloat16 with ``D = Dv`` in {64, 128}
+            (without window, document ids or bottom-right causal, which run
+            the generic kernel for now).
         scale: score scale, default ``1 / sqrt(D)``.
-        is_causal: also hide keys after the query (``j > i``), PyTorch's
-            top-left convention; composes with the mask, and key blocks past
-            the diagonal are skipped.
+        is_causal: hide keys after the query's position; key blocks past it
+            are skipped.
+        causal_align: where query ``i`` sits among the keys: ``"top_left"``
+            (PyTorch's ``is_causal``: at key ``i``) or ``"bottom_right"``
+            (FlashAttention's: at ``i + Lk - Lq``, a chunk of new queries
+            after a KV cache). Positions serve ``is_causal`` and ``window``.
+        window: ``(left, right)``: key ``j`` is visible to the query at
+            position ``p`` only when ``p - left <= j <= p + right``; ``None``
+            on a side for no limit. Key blocks outside it are skipped.
+        document_ids: ``(q_ids, kv_ids)``, int32/int64 ``[B or 1, Lq]`` and
+            ``[B or 1, Lk]`` on q's device: a key is visible only where its
+            id equals the query's (packed variable-length sequences). Read on
+            the device; no host sync.
         return_lse: also return the log-sum-exp of the scores.
 
     Returns:
-        ``out`` or ``(out, lse)``.
+        ``out`` or ``(out, lse)``. A row with no visible key: ``out = 0``,
+        ``lse = -inf``, zero gradients.
 
     Example::
 
@@ -92,18 +135,27 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, 
         >>> out = block_sparse_attention(q, k, v, m.cuda(), block_size=128, is_causal=True)
     """
     bq, bk = block_sizes(block_size)
-    out, lse = _OPS.block_sparse_attention.default(q, k, v, block_mask, bq, bk, scale, is_causal)
+    if block_mask is None:
+        block_mask = _all_blocks(q, k, bq, bk)
+    out, lse = _OPS.block_sparse_attention.default(
+        q, k, v, block_mask, bq, bk, scale, is_causal,
+        *_element_arguments(causal_align, window, document_ids))
     return (out, lse) if return_lse else out
 
 
-def block_sparse_attention_path(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, *,
+def block_sparse_attention_path(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor = None, *,
                                 block_size: BlockSize = 64, scale: float = None,
-                                is_causal: bool = False) -> str:
+                                is_causal: bool = False, causal_align: str = "top_left",
+                                window=None, document_ids=None) -> str:
     """Which executor :func:`block_sparse_attention` runs these arguments on:
     ``"cpu"``, ``"cuda_generic"``, ``"cuda_wgmma"`` (Hopper tensor cores) or
     ``"cuda_tensor_core"`` (mma.sync, other tensor-core GPUs)."""
     bq, bk = block_sizes(block_size)
-    return _OPS.block_sparse_attention_path.default(q, k, v, block_mask, bq, bk, scale, is_causal)
+    if block_mask is None:
+        block_mask = _all_blocks(q, k, bq, bk)
+    return _OPS.block_sparse_attention_path.default(
+        q, k, v, block_mask, bq, bk, scale, is_causal,
+        *_element_arguments(causal_align, window, document_ids))
 
 
 def attention_flops(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor,
@@ -128,8 +180,23 @@ def attention_flops(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor,
 # ---------------------------------------------------------------- fake kernels
 
 
+# These are also the ops' Meta kernels, and a call with one meta tensor among
+# tensors of another device dispatches to Meta: the device check of the real
+# kernels is repeated here, or such a call would return uninitialised tensors.
+
+
+def _check_devices(op: str, q: Tensor, **others) -> None:
+    for name, t in others.items():
+        if t is not None and t.device != q.device:
+            raise RuntimeError(f"baracuda::{op}: {name} is on {t.device} but q is on {q.device}")
+
+
 @torch.library.register_fake("baracuda::block_sparse_attention")
-def _block_sparse_attention_fake(q, k, v, block_mask, block_q, block_k, scale=None, is_causal=False):
+def _block_sparse_attention_fake(q, k, v, block_mask, block_q, block_k, scale=None, is_causal=False,
+                                 causal_align="top_left", window_left=None, window_right=None,
+                                 q_document_ids=None, kv_document_ids=None):
+    _check_devices("block_sparse_attention", q, k=k, v=v, block_mask=block_mask,
+                   q_document_ids=q_document_ids, kv_document_ids=kv_document_ids)
     B, H, Lq, _ = q.shape
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     return q.new_empty((B, H, Lq, v.shape[-1])), q.new_empty((B, H, Lq), dtype=lse_dtype)
@@ -137,7 +204,13 @@ def _block_sparse_attention_fake(q, k, v, block_mask, block_q, block_k, scale=No
 
 @torch.library.register_fake("baracuda::block_sparse_attention_backward")
 def _block_sparse_attention_backward_fake(grad_out, grad_lse, q, k, v, out, lse, block_mask,
-                                          block_q, block_k, scale=None, is_causal=False):
+                                          block_q, block_k, scale=None, is_causal=False,
+                                          causal_align="top_left", window_left=None,
+                                          window_right=None, q_document_ids=None,
+                                          kv_document_ids=None):
+    _check_devices("block_sparse_attention_backward", q, k=k, v=v, out=out, lse=lse,
+                   block_mask=block_mask, grad_out=grad_out, grad_lse=grad_lse,
+                   q_document_ids=q_document_ids, kv_document_ids=kv_document_ids)
     return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
             torch.empty(k.shape, dtype=k.dtype, device=k.device),
             torch.empty(v.shape, dtype=v.dtype, device=v.device))

@@ -14,6 +14,11 @@ PyObject* PyInit__C(void) {
 }
 }
 
+// The element conditions of block-sparse attention, last in each of its ops.
+#define ELEMENT_ARGUMENTS                                                              \
+  "str causal_align=\"top_left\", SymInt? window_left=None, SymInt? window_right=None, " \
+  "Tensor? q_document_ids=None, Tensor? kv_document_ids=None"
+
 TORCH_LIBRARY(baracuda, m) {
   // ---- write_slice: dest[ranges] = source, bit-exact, any dtype ----
   // ranges is flat: (start_0, end_0, start_1, end_1, ...), one pair per axis.
@@ -51,19 +56,27 @@ TORCH_LIBRARY(baracuda, m) {
   // block_mask: bool/uint8 [B or 1, H or 1, ceil(Lq/block_q), ceil(Lk/block_k)]
   // (or its last two axes flattened). scale=None: 1/sqrt(head_dim). Returns
   // (out [B, H, Lq, Dv], lse [B, H, Lq], natural log).
+  // Element conditions, ANDed with the mask: causal_align "top_left" (query i
+  // at key position i) or "bottom_right" (at i + Lk - Lq); window_left /
+  // window_right: keys within that many positions before / after the query's
+  // (None: no limit); document ids [B or 1, Lq] and [B or 1, Lk], int32 or
+  // int64, both or neither: only keys of the query's document.
   m.def("block_sparse_attention(Tensor q, Tensor k, Tensor v, Tensor block_mask, int block_q, "
-        "int block_k, float? scale=None, bool is_causal=False) -> (Tensor, Tensor)",
+        "int block_k, float? scale=None, bool is_causal=False, " ELEMENT_ARGUMENTS
+        ") -> (Tensor, Tensor)",
         {at::Tag::pt2_compliant_tag});
   // Its gradients with respect to q, k and v, from the forward's arguments
   // and its saved out and lse. grad_out None: zeros (only lse was used);
   // grad_lse None: no lse term. Deterministic.
   m.def("block_sparse_attention_backward(Tensor? grad_out, Tensor? grad_lse, Tensor q, "
         "Tensor k, Tensor v, Tensor out, Tensor lse, Tensor block_mask, int block_q, "
-        "int block_k, float? scale=None, bool is_causal=False) -> (Tensor, Tensor, Tensor)",
+        "int block_k, float? scale=None, bool is_causal=False, " ELEMENT_ARGUMENTS
+        ") -> (Tensor, Tensor, Tensor)",
         {at::Tag::pt2_compliant_tag});
   // Which executor block_sparse_attention takes for these arguments (for tests).
   m.def("block_sparse_attention_path(Tensor q, Tensor k, Tensor v, Tensor block_mask, "
-        "int block_q, int block_k, float? scale=None, bool is_causal=False) -> str");
+        "int block_q, int block_k, float? scale=None, bool is_causal=False, " ELEMENT_ARGUMENTS
+        ") -> str");
 
   // ---- scans along one axis: cumsum, cumprod, logcumsumexp, cummax, cummin ----
   // torch semantics; reverse=True scans from the last element to the first

@@ -9,6 +9,7 @@
 #include <torch/library.h>
 
 #include <optional>
+#include <string>
 #include <tuple>
 
 #include "common/no_double_backward.h"
@@ -20,14 +21,25 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+using OptionalSymInt = std::optional<c10::SymInt>;
+using OptionalTensor = std::optional<at::Tensor>;
+
+// The schemas' trailing element conditions (registry.cpp: ELEMENT_ARGUMENTS).
+#define ELEMENT_TYPES \
+  c10::string_view, OptionalSymInt, OptionalSymInt, const OptionalTensor&, const OptionalTensor&
+#define ELEMENT_PARAMETERS                                                          \
+  c10::string_view causal_align, OptionalSymInt window_left, OptionalSymInt window_right, \
+      const OptionalTensor &q_document_ids, const OptionalTensor &kv_document_ids
+#define ELEMENT_VALUES causal_align, window_left, window_right, q_document_ids, kv_document_ids
+
 using AttentionFn = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
                                                        const at::Tensor&, const at::Tensor&,
                                                        int64_t, int64_t, std::optional<double>,
-                                                       bool);
+                                                       bool, ELEMENT_TYPES);
 using AttentionBackwardFn = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-    const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const at::Tensor&,
-    const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-    const at::Tensor&, int64_t, int64_t, std::optional<double>, bool);
+    const OptionalTensor&, const OptionalTensor&, const at::Tensor&, const at::Tensor&,
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
+    int64_t, std::optional<double>, bool, ELEMENT_TYPES);
 
 const c10::TypedOperatorHandle<AttentionFn>& attention_op() {
   static const auto op = find_op<AttentionFn>("baracuda::block_sparse_attention");
@@ -53,28 +65,39 @@ struct Attention : public torch::autograd::Function<Attention> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                                const at::Tensor& v, const at::Tensor& block_mask,
                                int64_t block_q, int64_t block_k, std::optional<double> scale,
-                               bool is_causal) {
+                               bool is_causal, const std::string& causal_align,
+                               OptionalSymInt window_left, OptionalSymInt window_right,
+                               const OptionalTensor& q_document_ids,
+                               const OptionalTensor& kv_document_ids) {
     at::AutoDispatchBelowADInplaceOrView below;
-    auto [out, lse] =
-        attention_op().call(q, k, v, block_mask, block_q, block_k, scale, is_causal);
-    ctx->save_for_backward({q, k, v, out, lse, block_mask});
+    auto [out, lse] = attention_op().call(q, k, v, block_mask, block_q, block_k, scale,
+                                          is_causal, ELEMENT_VALUES);
+    ctx->save_for_backward({q, k, v, out, lse, block_mask,
+                            q_document_ids.value_or(at::Tensor()),
+                            kv_document_ids.value_or(at::Tensor())});
     ctx->saved_data["block_q"] = block_q;
     ctx->saved_data["block_k"] = block_k;
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["is_causal"] = is_causal;
+    ctx->saved_data["causal_align"] = causal_align;
+    ctx->saved_data["window_left"] = window_left;
+    ctx->saved_data["window_right"] = window_right;
     ctx->set_materialize_grads(false);
     return {out, lse};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const variable_list none(8);
+    const variable_list none(13);
     if (!grads[0].defined() && !grads[1].defined()) return none;
     const variable_list s = ctx->get_saved_variables();
-    const c10::IValue& scale = ctx->saved_data["scale"];
+    const auto& d = ctx->saved_data;
+    const c10::IValue& scale = d.at("scale");
     auto [dq, dk, dv] = attention_backward_op().call(
         if_defined(grads[0]), if_defined(grads[1]), s[0], s[1], s[2], s[3], s[4], s[5],
-        ctx->saved_data["block_q"].toInt(), ctx->saved_data["block_k"].toInt(),
+        d.at("block_q").toInt(), d.at("block_k").toInt(),
         scale.isNone() ? std::nullopt : std::optional<double>(scale.toDouble()),
-        ctx->saved_data["is_causal"].toBool());
+        d.at("is_causal").toBool(), d.at("causal_align").toStringRef(),
+        d.at("window_left").toOptional<c10::SymInt>(),
+        d.at("window_right").toOptional<c10::SymInt>(), if_defined(s[6]), if_defined(s[7]));
     variable_list result = none;
     result[0] = dq;
     result[1] = dk;
@@ -89,28 +112,31 @@ std::tuple<at::Tensor, at::Tensor> attention_autograd(const at::Tensor& q, const
                                                       const at::Tensor& v,
                                                       const at::Tensor& block_mask,
                                                       int64_t block_q, int64_t block_k,
-                                                      std::optional<double> scale,
-                                                      bool is_causal) {
+                                                      std::optional<double> scale, bool is_causal,
+                                                      ELEMENT_PARAMETERS) {
   if (!c10::GradMode::is_enabled() || !(needs_graph(q) || needs_graph(k) || needs_graph(v))) {
     at::AutoDispatchBelowADInplaceOrView below;
-    return attention_op().call(q, k, v, block_mask, block_q, block_k, scale, is_causal);
+    return attention_op().call(q, k, v, block_mask, block_q, block_k, scale, is_causal,
+                               ELEMENT_VALUES);
   }
   const variable_list r =
-      Attention::apply(q, k, v, block_mask, block_q, block_k, scale, is_causal);
+      Attention::apply(q, k, v, block_mask, block_q, block_k, scale, is_causal,
+                       std::string(causal_align), window_left, window_right, q_document_ids,
+                       kv_document_ids);
   return {r[0], r[1]};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_autograd(
-    const std::optional<at::Tensor>& grad_out, const std::optional<at::Tensor>& grad_lse,
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-    const at::Tensor& lse, const at::Tensor& block_mask, int64_t block_q, int64_t block_k,
-    std::optional<double> scale, bool is_causal) {
+    const OptionalTensor& grad_out, const OptionalTensor& grad_lse, const at::Tensor& q,
+    const at::Tensor& k, const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+    const at::Tensor& block_mask, int64_t block_q, int64_t block_k, std::optional<double> scale,
+    bool is_causal, ELEMENT_PARAMETERS) {
   const variable_list r = backward_outputs<kAttentionBackward>(
       {grad_out.value_or(at::Tensor()), grad_lse.value_or(at::Tensor()), q, k, v, out, lse},
       [&]() -> variable_list {
-        auto [dq, dk, dv] = attention_backward_op().call(grad_out, grad_lse, q, k, v, out, lse,
-                                                         block_mask, block_q, block_k, scale,
-                                                         is_causal);
+        auto [dq, dk, dv] =
+            attention_backward_op().call(grad_out, grad_lse, q, k, v, out, lse, block_mask,
+                                         block_q, block_k, scale, is_causal, ELEMENT_VALUES);
         return {dq, dk, dv};
       });
   return {r[0], r[1], r[2]};

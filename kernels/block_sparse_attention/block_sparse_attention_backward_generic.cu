@@ -13,8 +13,8 @@
 //   3. dk and dv, a warp per key walking the query rows that see it: for each
 //      query head of its group, the query blocks whose mask byte for the
 //      key's block is on (the mask's column, read in place: nothing is built
-//      or allocated for it), and with causal attention only rows at or after
-//      the key.
+//      or allocated for it), and only the rows whose position range holds
+//      the key (causal, window) and, with document ids, of its document.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -144,12 +144,15 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32)
     const T* kbase = k + b * a.k_strides[0] + g * a.k_strides[1];
     const T* vbase = v + b * a.v_strides[0] + g * a.v_strides[1];
     const uint8_t* mrow = mask_row(a, b, h, i / a.block_q);
+    int64_t key_lo, key_hi;
+    visible_key_range(a, i, key_lo, key_hi);
     // A row that saw no key visits none now either (its walk is empty).
-    const int64_t key_end = st.lse_log2 == static_cast<C>(INFINITY) ? 0 : visible_key_end(a, i);
-    for (int64_t kb = 0; kb * a.block_k < key_end; ++kb) {
+    if (st.lse_log2 == static_cast<C>(INFINITY)) key_hi = key_lo;
+    for (int64_t kb = key_lo / a.block_k; kb * a.block_k < key_hi; ++kb) {
       if (!key_block_on(a, mrow, kb)) continue;  // uniform across the warp
-      const int64_t j_end = min(key_end, (kb + 1) * a.block_k);
-      for (int64_t j = kb * a.block_k; j < j_end; ++j) {
+      const int64_t j_end = min(key_hi, (kb + 1) * a.block_k);
+      for (int64_t j = max(key_lo, kb * a.block_k); j < j_end; ++j) {
+        if (!same_document(a, b, i, j)) continue;  // uniform across the warp
         const T* kj = kbase + j * a.k_strides[2];
         const C s = dot_lanes(qr, kj, a.k_strides[3], a.head_dim, lane);
         const C dp = dot_lanes(dor, vbase + j * a.v_strides[2], a.v_strides[3], a.v_dim, lane);
@@ -191,15 +194,17 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32)
                a.v_strides[3], a.v_dim, lane);
 #pragma unroll
     for (int c = 0; c < kPerLane; ++c) dk[c] = dv[c] = 0;
-    // With causal attention the rows before the key never see it.
-    const int64_t first_row = a.causal ? j : 0;
+    // The rows that may see the key by position (causal, window).
+    int64_t row_lo, row_hi;
+    visible_row_range(a, j, row_lo, row_hi);
     for (int64_t h = g * group; h < (g + 1) * group; ++h) {
       const T* qbase = q + b * a.q_strides[0] + h * a.q_strides[1];
       const T* dobase = dout + b * ba.grad_out_strides[0] + h * ba.grad_out_strides[1];
-      for (int64_t qb = first_row / a.block_q; qb < a.num_q_blocks; ++qb) {
+      for (int64_t qb = row_lo / a.block_q; qb * a.block_q < row_hi; ++qb) {
         if (!key_block_on(a, mask_row(a, b, h, qb), kb)) continue;  // uniform across the warp
-        const int64_t i_end = min(a.q_len, (qb + 1) * a.block_q);
-        for (int64_t i = max(first_row, qb * a.block_q); i < i_end; ++i) {
+        const int64_t i_end = min(row_hi, (qb + 1) * a.block_q);
+        for (int64_t i = max(row_lo, qb * a.block_q); i < i_end; ++i) {
+          if (!same_document(a, b, i, j)) continue;  // uniform across the warp
           const RowStats<C> st = row_stats<C>(ba, b, h, i);
           const T* qi = qbase + i * a.q_strides[2];
           const T* doi = dobase + i * ba.grad_out_strides[2];

@@ -58,9 +58,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> block_sparse_attention_backward(
     const c10::optional<at::Tensor>& grad_out_in, const c10::optional<at::Tensor>& grad_lse_in,
     const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const at::Tensor& out_in, const at::Tensor& lse_in, const at::Tensor& block_mask,
-    int64_t block_q, int64_t block_k, c10::optional<double> scale, bool is_causal) {
-  const AttentionProblem p =
-      validate_attention(kOp, q_in, k_in, v_in, block_mask, block_q, block_k, scale, is_causal);
+    int64_t block_q, int64_t block_k, c10::optional<double> scale, bool is_causal,
+    c10::string_view causal_align,
+    std::optional<c10::SymInt> window_left, std::optional<c10::SymInt> window_right,
+    const std::optional<at::Tensor>& q_document_ids,
+    const std::optional<at::Tensor>& kv_document_ids) {
+  const AttentionProblem p = validate_attention(kOp, q_in, k_in, v_in, block_mask, block_q,
+                                                block_k, scale, is_causal,
+                                                ElementArguments{causal_align, window_left, window_right, q_document_ids, kv_document_ids});
   const int64_t B = q_in.size(0), H = q_in.size(1), Lq = q_in.size(2), Dv = v_in.size(3);
   const at::ScalarType lse_dtype = attention_lse_dtype(q_in.scalar_type());
   check_like("out", out_in, {B, H, Lq, Dv}, q_in.scalar_type(), q_in);

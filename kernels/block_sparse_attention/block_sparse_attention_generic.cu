@@ -52,11 +52,13 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32)
     }
     C m = -static_cast<C>(INFINITY), l = 0;
     const uint8_t* mrow = mask_row(a, b, h, i / a.block_q);
-    const int64_t key_end = visible_key_end(a, i);
-    for (int64_t kb = 0; kb * a.block_k < key_end; ++kb) {
+    int64_t key_lo, key_hi;
+    visible_key_range(a, i, key_lo, key_hi);
+    for (int64_t kb = key_lo / a.block_k; kb * a.block_k < key_hi; ++kb) {
       if (!key_block_on(a, mrow, kb)) continue;  // uniform across the warp
-      const int64_t j_end = min(key_end, (kb + 1) * a.block_k);
-      for (int64_t j = kb * a.block_k; j < j_end; ++j) {
+      const int64_t j_end = min(key_hi, (kb + 1) * a.block_k);
+      for (int64_t j = max(key_lo, kb * a.block_k); j < j_end; ++j) {
+        if (!same_document(a, b, i, j)) continue;  // uniform across the warp
         const T* kj = kbase + j * a.k_strides[2];
         C part = 0;
 #pragma unroll

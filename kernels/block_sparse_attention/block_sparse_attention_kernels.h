@@ -4,11 +4,11 @@
 //   lse[b, h, i] = log sum_j exp(scale * <q[b, h, i], k[b, g, j]>)   (natural log)
 //
 // over the keys j that are visible to query i: key block j / block_k is on in
-// the mask row of query block i / block_q, and, with `causal`, j <= i (the
-// top-left convention of torch's is_causal). g = h / (heads / kv_heads)
-// (grouped-query attention). A row with no visible key gets out = 0 and
-// lse = -inf, the empty attention state. Key blocks that are off are never
-// read.
+// the mask row of query block i / block_q, and the element conditions hold
+// (see BlockSparseAttentionArgs: causal, a window around the query's
+// position, document ids). g = h / (heads / kv_heads) (grouped-query
+// attention). A row with no visible key gets out = 0 and lse = -inf, the
+// empty attention state. Key blocks that are off are never read.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +19,10 @@
 
 namespace baracuda {
 
+// A window side without a limit; far from int64's ends, so that positions
+// plus or minus it do not overflow.
+constexpr int64_t kUnboundedWindow = int64_t{1} << 60;
+
 struct BlockSparseAttentionArgs {
   FloatDtype dtype = FloatDtype::kFloat32;  // of q, k, v, out
   int64_t batch = 0, heads = 0, kv_heads = 0;
@@ -28,7 +32,18 @@ struct BlockSparseAttentionArgs {
   int64_t block_q = 1, block_k = 1;            // mask granularity, in rows / keys
   int64_t num_q_blocks = 0, num_k_blocks = 0;  // ceil(q_len / block_q), ceil(k_len / block_k)
   double scale = 1.0;
+  // Element conditions, all ANDed with the block mask. Query row i sits at
+  // key position pos = i + position_offset (0: top-left, torch's is_causal;
+  // k_len - q_len: bottom-right, a chunk of new queries after a KV cache).
+  // causal: keys j <= pos. Window: pos - window_left <= j <= pos +
+  // window_right (kUnboundedWindow: no limit on that side). Document ids
+  // (both or neither): only keys whose id equals the row's.
   bool causal = false;
+  int64_t position_offset = 0;
+  int64_t window_left = kUnboundedWindow, window_right = kUnboundedWindow;
+  const int64_t* q_documents = nullptr;   // [1 or batch, q_len]
+  const int64_t* kv_documents = nullptr;  // [1 or batch, k_len]
+  int64_t q_documents_stride = 0, kv_documents_stride = 0;  // batch strides, 0 broadcast
   const void* q = nullptr;  // [batch, heads, q_len, head_dim]
   const void* k = nullptr;  // [batch, kv_heads, k_len, head_dim]
   const void* v = nullptr;  // [batch, kv_heads, k_len, v_dim]
@@ -80,8 +95,12 @@ enum class AttentionPath : int { kHost, kCudaGeneric, kCudaTensorCore, kCudaHopp
 // Rows of one CTA of the tensor-core kernel for this problem, 0 when that
 // kernel cannot run it: float16/bfloat16, head_dim == v_dim in {64, 128},
 // block_q a multiple of 64, block_k a multiple of 64 (the kernel's key tile),
-// unit inner strides and 16-byte aligned rows of q, k, v and out.
+// no element conditions beyond top-left causal, unit inner strides and
+// 16-byte aligned rows of q, k, v and out.
+inline bool has_element_conditions(const BlockSparseAttentionArgs& a);
+
 inline int tensor_core_tile_rows(const BlockSparseAttentionArgs& a) {
+  if (has_element_conditions(a)) return 0;
   const bool half = a.dtype == FloatDtype::kFloat16 || a.dtype == FloatDtype::kBFloat16;
   if (!half || a.head_dim != a.v_dim || (a.head_dim != 64 && a.head_dim != 128)) return 0;
   if (a.block_k % 64 != 0 || a.block_q % 64 != 0) return 0;
@@ -135,14 +154,60 @@ bool block_sparse_attention_hopper_available(int device);
 
 // ---------------------------------------------------------------- visibility
 //
-// Shared by every executor so they agree on which blocks are computed.
+// Shared by every executor so they agree on which keys are computed.
+
+// Whether the call has conditions finer than whole blocks other than
+// top-left causal: the tensor-core executors take none of them.
+inline bool has_element_conditions(const BlockSparseAttentionArgs& a) {
+  return a.q_documents != nullptr || a.window_left != kUnboundedWindow ||
+         a.window_right != kUnboundedWindow || (a.causal && a.position_offset != 0);
+}
 
 // One past the last key visible to any of the query rows [.., last_row]:
-// with causal attention, keys beyond the last row are never visible.
+// with causal attention, keys beyond the last row are never visible. For
+// the tensor-core executors (top-left causal, no window).
 BARACUDA_HOST_DEVICE inline int64_t visible_key_end(const BlockSparseAttentionArgs& a,
                                                     int64_t last_row) {
   if (!a.causal) return a.k_len;
   return last_row + 1 < a.k_len ? last_row + 1 : a.k_len;
+}
+
+// The keys [lo, hi) that row i may see by position (causal and window); an
+// empty range has lo == hi.
+BARACUDA_HOST_DEVICE inline void visible_key_range(const BlockSparseAttentionArgs& a, int64_t i,
+                                                   int64_t& lo, int64_t& hi) {
+  const int64_t pos = i + a.position_offset;
+  hi = a.k_len;
+  if (a.causal && pos + 1 < hi) hi = pos + 1;
+  if (a.window_right != kUnboundedWindow && pos + a.window_right + 1 < hi) {
+    hi = pos + a.window_right + 1;
+  }
+  lo = 0;
+  if (a.window_left != kUnboundedWindow && pos - a.window_left > lo) lo = pos - a.window_left;
+  if (hi < lo) hi = lo;
+}
+
+// The rows [lo, hi) that may see key j by position: the inverse of
+// visible_key_range.
+BARACUDA_HOST_DEVICE inline void visible_row_range(const BlockSparseAttentionArgs& a, int64_t j,
+                                                   int64_t& lo, int64_t& hi) {
+  lo = 0;
+  hi = a.q_len;
+  const int64_t at = j - a.position_offset;  // the row whose position is j
+  if (a.causal && at > lo) lo = at;
+  if (a.window_right != kUnboundedWindow && at - a.window_right > lo) lo = at - a.window_right;
+  if (a.window_left != kUnboundedWindow && at + a.window_left + 1 < hi) {
+    hi = at + a.window_left + 1;
+  }
+  if (hi < lo) hi = lo;
+}
+
+// Whether row i and key j of batch b belong to the same document (always,
+// without document ids).
+BARACUDA_HOST_DEVICE inline bool same_document(const BlockSparseAttentionArgs& a, int64_t b,
+                                               int64_t i, int64_t j) {
+  return a.q_documents == nullptr || a.q_documents[b * a.q_documents_stride + i] ==
+                                         a.kv_documents[b * a.kv_documents_stride + j];
 }
 
 // The mask row of query block qb of head h in batch b.
@@ -157,17 +222,21 @@ BARACUDA_HOST_DEVICE inline bool key_block_on(const BlockSparseAttentionArgs& a,
 }
 
 // Calls fn(j) for every key j visible to query row i of head h in batch b,
-// in increasing order: the keys of its mask row's blocks that are on, up to
-// the last visible key.
+// in increasing order: the keys of its mask row's blocks that are on, inside
+// its position range, of its document.
 template <typename Fn>
 BARACUDA_HOST_DEVICE inline void for_each_visible_key(const BlockSparseAttentionArgs& a, int64_t b,
                                                       int64_t h, int64_t i, Fn&& fn) {
   const uint8_t* row = mask_row(a, b, h, i / a.block_q);
-  const int64_t key_end = visible_key_end(a, i);
-  for (int64_t kb = 0; kb * a.block_k < key_end; ++kb) {
+  int64_t lo, hi;
+  visible_key_range(a, i, lo, hi);
+  for (int64_t kb = lo / a.block_k; kb * a.block_k < hi; ++kb) {
     if (!key_block_on(a, row, kb)) continue;
-    const int64_t j_end = key_end < (kb + 1) * a.block_k ? key_end : (kb + 1) * a.block_k;
-    for (int64_t j = kb * a.block_k; j < j_end; ++j) fn(j);
+    const int64_t j_begin = lo > kb * a.block_k ? lo : kb * a.block_k;
+    const int64_t j_end = hi < (kb + 1) * a.block_k ? hi : (kb + 1) * a.block_k;
+    for (int64_t j = j_begin; j < j_end; ++j) {
+      if (same_document(a, b, i, j)) fn(j);
+    }
   }
 }
 

@@ -1,7 +1,8 @@
 // Op layer of block-sparse attention: validation, mask layout, path choice.
 //
-//   block_sparse_attention(q, k, v, block_mask, block_q, block_k, scale, is_causal)
-//       -> (out, lse)
+//   block_sparse_attention(q, k, v, block_mask, block_q, block_k, scale, is_causal,
+//                          causal_align, window_left, window_right,
+//                          q_document_ids, kv_document_ids) -> (out, lse)
 //   block_sparse_attention_path(...)  which executor the same call runs on
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -60,9 +61,13 @@ const char* path_name(AttentionPath path) {
 std::tuple<at::Tensor, at::Tensor> block_sparse_attention(
     const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const at::Tensor& block_mask, int64_t block_q, int64_t block_k, c10::optional<double> scale,
-    bool is_causal) {
-  const AttentionProblem p =
-      validate_attention(kOp, q_in, k_in, v_in, block_mask, block_q, block_k, scale, is_causal);
+    bool is_causal, c10::string_view causal_align,
+    std::optional<c10::SymInt> window_left, std::optional<c10::SymInt> window_right,
+    const std::optional<at::Tensor>& q_document_ids,
+    const std::optional<at::Tensor>& kv_document_ids) {
+  const AttentionProblem p = validate_attention(kOp, q_in, k_in, v_in, block_mask, block_q,
+                                                block_k, scale, is_causal,
+                                                ElementArguments{causal_align, window_left, window_right, q_document_ids, kv_document_ids});
   const int64_t B = q_in.size(0), H = q_in.size(1), Lq = q_in.size(2), Dv = v_in.size(3);
   at::Tensor out = at::empty({B, H, Lq, Dv}, q_in.options());
   at::Tensor lse = at::empty({B, H, Lq}, q_in.options().dtype(attention_lse_dtype(q_in.scalar_type())));
@@ -102,9 +107,14 @@ std::tuple<at::Tensor, at::Tensor> block_sparse_attention(
 std::string block_sparse_attention_path(const at::Tensor& q, const at::Tensor& k,
                                         const at::Tensor& v, const at::Tensor& block_mask,
                                         int64_t block_q, int64_t block_k,
-                                        c10::optional<double> scale, bool is_causal) {
-  const AttentionProblem p =
-      validate_attention(kOp, q, k, v, block_mask, block_q, block_k, scale, is_causal);
+                                        c10::optional<double> scale, bool is_causal,
+                                        c10::string_view causal_align,
+    std::optional<c10::SymInt> window_left, std::optional<c10::SymInt> window_right,
+    const std::optional<at::Tensor>& q_document_ids,
+    const std::optional<at::Tensor>& kv_document_ids) {
+  const AttentionProblem p = validate_attention(kOp, q, k, v, block_mask, block_q, block_k, scale,
+                                                is_causal,
+                                                ElementArguments{causal_align, window_left, window_right, q_document_ids, kv_document_ids});
   return path_name(plan(p).path);
 }
 

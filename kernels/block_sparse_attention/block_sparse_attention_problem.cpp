@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "common/torch_glue.h"
 
@@ -43,12 +44,37 @@ at::Tensor mask_as_4d(const char* op, const at::Tensor& mask, int64_t nbq, int64
   return mask;
 }
 
+// A window side: None (no limit) or a non-negative number of keys.
+int64_t window_side(const char* op, const char* name, const std::optional<c10::SymInt>& side) {
+  if (!side.has_value()) return kUnboundedWindow;
+  const int64_t n = side->expect_int();
+  TORCH_CHECK(n >= 0, "baracuda::", op, ": ", name, "=", n,
+              " must be non-negative (None for no limit on that side)");
+  return n < kUnboundedWindow ? n : kUnboundedWindow;
+}
+
+// Document ids of the rows (or keys): integer [batch or 1, length] on q's
+// device, as int64 with contiguous rows.
+at::Tensor document_ids(const char* op, const char* name, const at::Tensor& ids, int64_t batch,
+                        int64_t length, const at::Tensor& q) {
+  TORCH_CHECK(ids.layout() == at::kStrided, "baracuda::", op, ": ", name, " must be strided");
+  TORCH_CHECK(ids.scalar_type() == at::kInt || ids.scalar_type() == at::kLong, "baracuda::", op,
+              ": ", name, ".dtype=", ids.scalar_type(), " must be int32 or int64");
+  TORCH_CHECK(ids.device() == q.device(), "baracuda::", op, ": ", name, " is on ", ids.device(),
+              " but q is on ", q.device());
+  TORCH_CHECK(ids.dim() == 2 && (ids.size(0) == batch || ids.size(0) == 1) &&
+                  ids.size(1) == length,
+              "baracuda::", op, ": ", name, ".shape=", ids.sizes(), " must be [", batch,
+              " or 1, ", length, "]");
+  return ids.to(at::kLong).contiguous();
+}
+
 }  // namespace
 
 AttentionProblem validate_attention(const char* op, const at::Tensor& q, const at::Tensor& k,
                                     const at::Tensor& v, const at::Tensor& block_mask,
                                     int64_t block_q, int64_t block_k, c10::optional<double> scale,
-                                    bool causal) {
+                                    bool causal, const ElementArguments& element) {
   check_input(op, "q", q, q);
   check_input(op, "k", k, q);
   check_input(op, "v", v, q);
@@ -83,8 +109,23 @@ AttentionProblem validate_attention(const char* op, const at::Tensor& q, const a
               op, ": block_mask.shape=", mask.sizes(), " must be [", B, " or 1, ", H, " or 1, ",
               nbq, ", ", nbk, "] (ceil(", Lq, " / ", block_q, ") query blocks, ceil(", k.size(2),
               " / ", block_k, ") key blocks)");
-  return {q, k, v, mask, block_q, block_k, nbq, nbk,
-          scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(D)), causal};
+  AttentionProblem p{q, k, v, mask, block_q, block_k, nbq, nbk,
+                     scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(D)), causal};
+  const c10::string_view align = element.causal_align;
+  TORCH_CHECK(align == "top_left" || align == "bottom_right", "baracuda::", op,
+              ": causal_align=\"", std::string(align), "\" must be \"top_left\" or \"bottom_right\"");
+  p.position_offset = align == "bottom_right" ? k.size(2) - Lq : 0;
+  p.window_left = window_side(op, "window_left", element.window_left);
+  p.window_right = window_side(op, "window_right", element.window_right);
+  const bool has_q_ids = element.q_document_ids.has_value();
+  TORCH_CHECK(has_q_ids == element.kv_document_ids.has_value(), "baracuda::", op,
+              ": document ids need both q_document_ids and kv_document_ids (got only ",
+              has_q_ids ? "q_document_ids" : "kv_document_ids", ")");
+  if (has_q_ids) {
+    p.q_documents = document_ids(op, "q_document_ids", *element.q_document_ids, B, Lq, q);
+    p.kv_documents = document_ids(op, "kv_document_ids", *element.kv_document_ids, B, k.size(2), q);
+  }
+  return p;
 }
 
 BlockSparseAttentionArgs attention_args(const AttentionProblem& p, const at::Tensor& q,
@@ -105,6 +146,15 @@ BlockSparseAttentionArgs attention_args(const AttentionProblem& p, const at::Ten
   a.num_k_blocks = p.num_k_blocks;
   a.scale = p.scale;
   a.causal = p.causal;
+  a.position_offset = p.position_offset;
+  a.window_left = p.window_left;
+  a.window_right = p.window_right;
+  if (p.q_documents.defined()) {
+    a.q_documents = p.q_documents.const_data_ptr<int64_t>();
+    a.kv_documents = p.kv_documents.const_data_ptr<int64_t>();
+    a.q_documents_stride = p.q_documents.size(0) == 1 ? 0 : p.q_documents.stride(0);
+    a.kv_documents_stride = p.kv_documents.size(0) == 1 ? 0 : p.kv_documents.stride(0);
+  }
   a.q = q.const_data_ptr();
   a.k = k.const_data_ptr();
   a.v = v.const_data_ptr();
@@ -133,7 +183,8 @@ bool tensor_core_shape(const AttentionProblem& p) {
   const auto s = p.q.scalar_type();
   const int64_t D = p.q.size(3);
   return (s == at::kHalf || s == at::kBFloat16) && p.v.size(3) == D && (D == 64 || D == 128) &&
-         p.block_q % 64 == 0 && p.block_k % 64 == 0;
+         p.block_q % 64 == 0 && p.block_k % 64 == 0 &&
+         !has_element_conditions(attention_args(p, p.q, p.k, p.v, at::Tensor(), at::Tensor()));
 }
 
 bool env_flag(const char* name) {

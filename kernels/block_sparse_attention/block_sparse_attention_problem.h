@@ -4,7 +4,11 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/SymInt.h>
 #include <c10/util/Optional.h>
+#include <c10/util/string_view.h>
+
+#include <optional>
 
 #include <cstdint>
 
@@ -15,19 +19,31 @@ namespace baracuda {
 // The lse dtype for inputs of dtype t: float32, float64 for float64 inputs.
 at::ScalarType attention_lse_dtype(at::ScalarType t);
 
-// A validated call: the inputs, and the mask as a 4-D view.
+// The element conditions of a call as the caller gives them (the schema's
+// trailing arguments, shared by the forward, backward and path ops).
+struct ElementArguments {
+  c10::string_view causal_align = "top_left";
+  std::optional<c10::SymInt> window_left, window_right;
+  std::optional<at::Tensor> q_document_ids, kv_document_ids;
+};
+
+// A validated call: the inputs, the mask as a 4-D view, and the element
+// conditions in the executors' terms (BlockSparseAttentionArgs).
 struct AttentionProblem {
   at::Tensor q, k, v, mask;
   int64_t block_q, block_k, num_q_blocks, num_k_blocks;
   double scale;
   bool causal;
+  int64_t position_offset = 0;
+  int64_t window_left = kUnboundedWindow, window_right = kUnboundedWindow;
+  at::Tensor q_documents, kv_documents;  // int64, contiguous rows; undefined without ids
 };
 
 // Checks a call's arguments; `op` names the op in error messages.
 AttentionProblem validate_attention(const char* op, const at::Tensor& q, const at::Tensor& k,
                                     const at::Tensor& v, const at::Tensor& block_mask,
                                     int64_t block_q, int64_t block_k, c10::optional<double> scale,
-                                    bool causal);
+                                    bool causal, const ElementArguments& element);
 
 // Strides in elements, a size-1 axis as 0: that is how a broadcast mask axis
 // is read, and it keeps alignment tests independent of the (meaningless)
@@ -51,7 +67,7 @@ at::Tensor tensor_core_ready(const at::Tensor& t);
 
 // Whether the problem fits the tensor-core kernels apart from their layout
 // needs: float16 / bfloat16, head_dim == v_dim in {64, 128}, blocks that
-// are multiples of 64.
+// are multiples of 64, and no element conditions beyond top-left causal.
 bool tensor_core_shape(const AttentionProblem& p);
 
 // Whether environment variable `name` is set to anything but "" or "0".

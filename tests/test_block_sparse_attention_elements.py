@@ -1,0 +1,222 @@
+"""Block-sparse attention's element conditions: bottom-right causal, windows
+and document ids, ANDed with the block mask. Outputs, lse and gradients are
+compared with float64 attention by plain torch ops over the dense element
+mask built here from the same conditions; bad arguments raise before any
+work.
+"""
+
+import pytest
+import torch
+from torch.testing._internal.optests import opcheck
+
+import baracuda_torch as bt
+from test_block_sparse_attention import inputs, lse_tol, random_mask, tol
+from test_block_sparse_attention_backward import (assert_grads_close, dense_mask,
+                                                  reference_attention, reference_grads)
+
+
+def element_mask(B, H, Lq, Lk, is_causal=False, causal_align="top_left", window=None,
+                 document_ids=None):
+    """[B, H, Lq, Lk] bool: the element conditions alone."""
+    pos = torch.arange(Lq)[:, None] + (Lk - Lq if causal_align == "bottom_right" else 0)
+    j = torch.arange(Lk)[None, :]
+    keep = torch.ones(Lq, Lk, dtype=torch.bool)
+    if is_causal:
+        keep &= j <= pos
+    if window is not None:
+        left, right = window
+        if left is not None:
+            keep &= j >= pos - left
+        if right is not None:
+            keep &= j <= pos + right
+    keep = keep.expand(B, H, Lq, Lk)
+    if document_ids is not None:
+        qd, kd = (t.cpu().long() for t in document_ids)
+        same = qd[:, :, None] == kd[:, None, :]  # [B or 1, Lq, Lk]
+        keep = keep & same[:, None]
+    return keep.expand(B, H, Lq, Lk)
+
+
+def run(q, k, v, m, block_size, grad_out, grad_lse, **conditions):
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out, lse = bt.block_sparse_attention(q, k, v, m, block_size=block_size, return_lse=True,
+                                         **conditions)
+    grads = torch.autograd.grad([out, lse], (q, k, v), [grad_out, grad_lse])
+    return out, lse, grads
+
+
+def check(q, k, v, m, block_size, **conditions):
+    B, H, Lq, _ = q.shape
+    Lk = k.shape[2]
+    g = torch.Generator().manual_seed(7)
+    grad_out = torch.randn(B, H, Lq, v.shape[-1], generator=g).to(q.dtype).to(q.device)
+    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    grad_lse = torch.randn(B, H, Lq, generator=g).to(lse_dtype).to(q.device)
+    blocks = (torch.ones(1, 1, -(-Lq // block_size[0]), -(-Lk // block_size[1]), dtype=torch.bool)
+              if m is None else m)
+    dense = dense_mask(blocks, q, k, block_size, False) & element_mask(B, H, Lq, Lk, **conditions)
+    out, lse, got = run(q, k, v, m, block_size, grad_out, grad_lse, **conditions)
+    want_out, want_lse = reference_attention(*(t.double().cpu() for t in (q, k, v)), dense)
+    torch.testing.assert_close(out.double().cpu(), want_out, **tol(q.dtype))
+    torch.testing.assert_close(lse.double().cpu(), want_lse, **lse_tol(q.dtype))
+    assert_grads_close(got, reference_grads(q, k, v, dense, grad_out, grad_lse), q.dtype)
+    return dense
+
+
+def documents(B, L, n, seed, device):
+    """Sorted ids of n packed documents of random lengths per batch row."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.empty(B, L, dtype=torch.int64)
+    for b in range(B):
+        cuts = torch.randperm(L - 1, generator=g)[:n - 1].sort().values + 1
+        ids[b] = torch.bucketize(torch.arange(L), cuts, right=True)
+    return ids.to(device)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_document_ids(device, dtype, is_causal):
+    q, k, v = inputs(2, 4, 2, 190, 190, 64, 64, dtype, device, seed=1)
+    ids = documents(2, 190, 5, seed=2, device=device)
+    dense = check(q, k, v, None, (64, 64), is_causal=is_causal, document_ids=(ids, ids))
+    assert not dense.all()
+    # int32 ids, a broadcast batch for the keys' and a block mask on top.
+    m = random_mask(2, 4, 190, 190, 64, device, density=0.7, seed=3)
+    check(q, k, v, m, (64, 64), is_causal=is_causal,
+          document_ids=(ids.int(), ids[:1].expand(2, -1).contiguous()[:1]))
+
+
+@pytest.mark.parametrize("causal_align", ["top_left", "bottom_right"])
+@pytest.mark.parametrize("window", [(16, 0), (None, 5), (7, 30), (0, 0)])
+def test_windows(device, causal_align, window):
+    for dtype in (torch.float32, torch.bfloat16):
+        q, k, v = inputs(1, 2, 1, 70, 150, 32, 48, dtype, device, seed=4)
+        check(q, k, v, None, (16, 32), causal_align=causal_align, window=window)
+        check(q, k, v, None, (64, 64), is_causal=True, causal_align=causal_align, window=window)
+
+
+@pytest.mark.parametrize("Lq, Lk", [(37, 300), (128, 128), (200, 90)])
+def test_bottom_right_causal(device, Lq, Lk):
+    # A chunk of new queries after a KV cache (Lq < Lk); with Lq > Lk the
+    # first rows see nothing.
+    for dtype in (torch.float64, torch.float16):
+        q, k, v = inputs(2, 2, 2, Lq, Lk, 64, 64, dtype, device, seed=5)
+        m = random_mask(2, 2, Lq, Lk, 64, device, density=0.8, seed=6)
+        dense = check(q, k, v, m, (64, 64), is_causal=True, causal_align="bottom_right")
+        if Lq > Lk:
+            out = bt.block_sparse_attention(q, k, v, m, block_size=64, is_causal=True,
+                                            causal_align="bottom_right")
+            empty = ~dense.any(-1)
+            assert empty.any() and (out[empty.to(out.device)] == 0).all()
+
+
+def test_everything_together_with_gqa_and_uneven_lengths(device):
+    q, k, v = inputs(2, 6, 2, 211, 333, 80, 40, torch.float32, device, seed=8)
+    qd = documents(2, 211, 3, seed=9, device=device)
+    kd = documents(2, 333, 3, seed=9, device=device)
+    m = random_mask(2, 6, 211, 333, (32, 48), device, density=0.8, seed=10)
+    check(q, k, v, m, (32, 48), is_causal=True, causal_align="bottom_right", window=(100, None),
+          document_ids=(qd, kd))
+
+
+def test_rows_without_keys_get_zero_gradients(device):
+    q, k, v = inputs(1, 2, 2, 64, 64, 16, 16, torch.float64, device, seed=11)
+    q_ids = torch.zeros(1, 64, dtype=torch.int64, device=device)
+    kv_ids = torch.ones(1, 64, dtype=torch.int64, device=device)
+    q_ids[0, 40:] = 1  # rows 0..39 find no key of their document
+    qq = q.detach().requires_grad_()
+    out, lse = bt.block_sparse_attention(qq, k, v, None, block_size=16, return_lse=True,
+                                         document_ids=(q_ids, kv_ids))
+    assert (out[:, :, :40] == 0).all() and (lse[:, :, :40] == float("-inf")).all()
+    (dq,) = torch.autograd.grad(out.sum() + lse[:, :, 40:].sum(), qq)
+    assert (dq[:, :, :40] == 0).all() and torch.isfinite(dq).all()
+
+
+def test_executor_choice(device):
+    # Element conditions run the generic kernel (the tensor-core kernels take
+    # none yet); bottom-right causal with Lq == Lk is top-left causal.
+    q, k, v = inputs(1, 2, 2, 128, 192, 64, 64, torch.bfloat16, device, seed=12)
+    ids = torch.zeros(1, 128, dtype=torch.int64, device=device)
+    kv_ids = torch.zeros(1, 192, dtype=torch.int64, device=device)
+    generic = "cpu" if device.type == "cpu" else "cuda_generic"
+    for conditions in (dict(window=(32, 0)), dict(document_ids=(ids, kv_ids)),
+                       dict(causal_align="bottom_right", is_causal=True)):
+        assert bt.block_sparse_attention_path(q, k, v, None, block_size=64, **conditions) == \
+            generic, conditions
+    square = q, q, q
+    assert bt.block_sparse_attention_path(*square, None, block_size=64, is_causal=True,
+                                          causal_align="bottom_right") == \
+        bt.block_sparse_attention_path(*square, None, block_size=64, is_causal=True)
+    assert bt.block_sparse_attention_path(q, k, v, None, block_size=64,
+                                          causal_align="bottom_right") == \
+        bt.block_sparse_attention_path(q, k, v, None, block_size=64)
+
+
+def test_bad_arguments_raise(device):
+    q, k, v = inputs(1, 2, 2, 40, 50, 16, 16, torch.float32, device, seed=13)
+    ids = torch.zeros(1, 40, dtype=torch.int64, device=device)
+    kids = torch.zeros(1, 50, dtype=torch.int64, device=device)
+    f = bt.block_sparse_attention
+    with pytest.raises(RuntimeError, match=r'causal_align="middle" must be "top_left" or '
+                                           r'"bottom_right"'):
+        f(q, k, v, None, block_size=16, causal_align="middle")
+    with pytest.raises(RuntimeError, match="window_left=-1 must be non-negative"):
+        f(q, k, v, None, block_size=16, window=(-1, 0))
+    with pytest.raises(RuntimeError, match="window_right=-3 must be non-negative"):
+        f(q, k, v, None, block_size=16, window=(None, -3))
+    with pytest.raises(ValueError, match="window=5 must be a pair"):
+        f(q, k, v, None, block_size=16, window=5)
+    with pytest.raises(RuntimeError, match=r"q_document_ids.shape=\[1, 39\] must be \[1 or 1, 40\]"):
+        f(q, k, v, None, block_size=16, document_ids=(ids[:, 1:], kids))
+    with pytest.raises(RuntimeError, match=r"kv_document_ids.dtype=Float must be int32 or int64"):
+        f(q, k, v, None, block_size=16, document_ids=(ids, kids.float()))
+    with pytest.raises(RuntimeError, match="kv_document_ids is on meta but q is on"):
+        f(q, k, v, None, block_size=16, document_ids=(ids, kids.to("meta")))
+    with pytest.raises(ValueError, match="document_ids must be a pair"):
+        f(q, k, v, None, block_size=16, document_ids=ids)
+
+
+def test_opcheck(device):
+    q, k, v = inputs(1, 2, 1, 40, 56, 16, 16, torch.float64, device, seed=14)
+    for t in (q, k, v):
+        t.requires_grad_()
+    ids = documents(1, 56, 3, seed=15, device=device)
+    mask = torch.ones(1, 1, 3, 4, dtype=torch.bool, device=device)
+    opcheck(torch.ops.baracuda.block_sparse_attention.default,
+            (q, k, v, mask, 16, 16, None, True, "bottom_right", 20, 3, ids[:, :40].contiguous(),
+             ids))
+
+
+def test_gradcheck(device):
+    q, k, v = inputs(1, 2, 1, 20, 28, 8, 8, torch.float64, device, seed=16)
+    ids = documents(1, 28, 3, seed=17, device=device)
+    fn = lambda q, k, v: bt.block_sparse_attention(  # noqa: E731
+        q, k, v, None, block_size=8, is_causal=True, causal_align="bottom_right", window=(9, 2),
+        document_ids=(ids[:, 8:].contiguous(), ids), return_lse=True)
+    assert torch.autograd.gradcheck(fn, tuple(t.requires_grad_() for t in (q, k, v)))
+
+
+def test_compiled_training_step_does_not_recompile(device):
+    torch._dynamo.reset()
+    counts = {"frames": 0}
+
+    def backend(gm, example_inputs):
+        counts["frames"] += 1
+        return gm.forward
+
+    def step(q, k, v, ids, left):
+        out = bt.block_sparse_attention(q, k, v, None, block_size=16, is_causal=True,
+                                        window=(left, 0), document_ids=(ids, ids))
+        return out.square().sum()
+
+    compiled = torch.compile(step, backend=backend, fullgraph=True, dynamic=True)
+    for L, left, seed in ((48, 8, 20), (80, 16, 21), (64, 3, 22)):
+        q, k, v = (t.requires_grad_() for t in inputs(1, 2, 2, L, L, 16, 16, torch.float32,
+                                                      device, seed=seed))
+        ids = documents(1, L, 3, seed=seed, device=device)
+        loss = compiled(q, k, v, ids, left)
+        grads = torch.autograd.grad(loss, (q, k, v))
+        want = torch.autograd.grad(step(q, k, v, ids, left), (q, k, v))
+        for g, w in zip(grads, want):
+            torch.testing.assert_close(g, w)
+    assert counts["frames"] == 1
