@@ -40,7 +40,7 @@ Double backward is not supported.
 """
 
 import math
-from typing import Tuple, Union
+from typing import NamedTuple, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -59,6 +59,38 @@ def block_sizes(block_size: BlockSize) -> Tuple[int, int]:
     if len(pair) != 2 or min(pair) <= 0:
         raise ValueError(f"block_size={block_size!r} must be a positive int or a pair (block_q, block_k)")
     return pair
+
+
+class ExactMask(NamedTuple):
+    """A mask exact to the element, as :func:`masks.from_dense` and
+    :func:`masks.from_flex` build it: each tile is off (skipped), full (no
+    per-element work) or partial (a bit per element, read only there).
+    Passed as ``block_mask``, it gives exactly the dense element mask's
+    result."""
+
+    tiles: Tensor  # bool [B or 1, H or 1, nbq, nbk]: the tiles that are on, full or partial
+    partial_index: Tensor  # int32, shaped as tiles: -1, or the tile's slot in partial_bits
+    partial_bits: Tensor  # int32 [slots, block_q, ceil(block_k / 32)]: bit c % 32 of word c // 32
+    block_size: Tuple[int, int]  # (block_q, block_k) it was built for
+    q_len: int
+    k_len: int
+
+
+def _mask_arguments(q: Tensor, k: Tensor, block_mask, block_size) -> tuple:
+    """(tiles, block_q, block_k, partial_index, partial_bits) for the ops."""
+    if isinstance(block_mask, ExactMask):
+        bq, bk = block_mask.block_size
+        if block_size is not None and block_sizes(block_size) != (bq, bk):
+            raise ValueError(f"block_sparse_attention: block_size={block_size!r} differs from the "
+                             f"exact mask's {(bq, bk)}; leave it out")
+        if q.shape[2] != block_mask.q_len or k.shape[2] != block_mask.k_len:
+            raise ValueError(f"block_sparse_attention: the exact mask was built for q_len="
+                             f"{block_mask.q_len}, k_len={block_mask.k_len}; got q_len="
+                             f"{q.shape[2]}, k_len={k.shape[2]}")
+        return block_mask.tiles, bq, bk, block_mask.partial_index, block_mask.partial_bits
+    bq, bk = block_sizes(64 if block_size is None else block_size)
+    tiles = _all_blocks(q, k, bq, bk) if block_mask is None else block_mask
+    return tiles, bq, bk, None, None
 
 
 def _all_blocks(q: Tensor, k: Tensor, bq: int, bk: int) -> Tensor:
@@ -87,8 +119,8 @@ def _element_arguments(causal_align: str, window, document_ids) -> tuple:
     return causal_align, left, right, q_ids, kv_ids
 
 
-def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor = None, *,
-                           block_size: BlockSize = 64, scale: float = None,
+def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, block_mask=None, *,
+                           block_size: Optional[BlockSize] = None, scale: float = None,
                            is_causal: bool = False, causal_align: str = "top_left",
                            window=None, document_ids=None, return_lse: bool = False):
     """Attention over the keys that the block mask and the element conditions
@@ -99,9 +131,12 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor =
         block_mask: bool/uint8 ``[B or 1, H or 1, nbq, nbk]`` with
             ``nbq = ceil(Lq / block_q)``, ``nbk = ceil(Lk / block_k)``; size-1
             axes broadcast. ``[B or 1, H or 1, nbq * nbk]`` is accepted too.
-            ``None``: every tile on. Tiles are whole: a tile that is on
-            computes every key the element conditions keep.
-        block_size: ``block_q = block_k`` (int) or ``(block_q, block_k)``. Any
+            Such tiles are whole: a tile that is on computes every key the
+            element conditions keep. An :class:`ExactMask`
+            (``masks.from_dense``, ``masks.from_flex``) is exact to the
+            element. ``None``: every tile on.
+        block_size: ``block_q = block_k`` (int) or ``(block_q, block_k)``;
+            default 64, an exact mask's own with one (give no other). Any
             positive sizes are correct; multiples of 64 take the tensor-core
             path on CUDA for float16/bfloat16 with ``D = Dv`` in {64, 128}
             (without window, document ids or bottom-right causal, which run
@@ -134,36 +169,32 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor =
         >>> m = masks.sliding_window(4096, 4096, window=1024, block_size=128, sink_blocks=1)
         >>> out = block_sparse_attention(q, k, v, m.cuda(), block_size=128, is_causal=True)
     """
-    bq, bk = block_sizes(block_size)
-    if block_mask is None:
-        block_mask = _all_blocks(q, k, bq, bk)
+    tiles, bq, bk, index, bits = _mask_arguments(q, k, block_mask, block_size)
     out, lse = _OPS.block_sparse_attention.default(
-        q, k, v, block_mask, bq, bk, scale, is_causal,
-        *_element_arguments(causal_align, window, document_ids))
+        q, k, v, tiles, bq, bk, scale, is_causal,
+        *_element_arguments(causal_align, window, document_ids), index, bits)
     return (out, lse) if return_lse else out
 
 
-def block_sparse_attention_path(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor = None, *,
-                                block_size: BlockSize = 64, scale: float = None,
+def block_sparse_attention_path(q: Tensor, k: Tensor, v: Tensor, block_mask=None, *,
+                                block_size: Optional[BlockSize] = None, scale: float = None,
                                 is_causal: bool = False, causal_align: str = "top_left",
                                 window=None, document_ids=None) -> str:
     """Which executor :func:`block_sparse_attention` runs these arguments on:
     ``"cpu"``, ``"cuda_generic"``, ``"cuda_wgmma"`` (Hopper tensor cores) or
     ``"cuda_tensor_core"`` (mma.sync, other tensor-core GPUs)."""
-    bq, bk = block_sizes(block_size)
-    if block_mask is None:
-        block_mask = _all_blocks(q, k, bq, bk)
+    tiles, bq, bk, index, bits = _mask_arguments(q, k, block_mask, block_size)
     return _OPS.block_sparse_attention_path.default(
-        q, k, v, block_mask, bq, bk, scale, is_causal,
-        *_element_arguments(causal_align, window, document_ids))
+        q, k, v, tiles, bq, bk, scale, is_causal,
+        *_element_arguments(causal_align, window, document_ids), index, bits)
 
 
-def attention_flops(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor,
-                    block_size: BlockSize = 64, is_causal: bool = False) -> float:
+def attention_flops(q: Tensor, k: Tensor, v: Tensor, block_mask,
+                    block_size: Optional[BlockSize] = None, is_causal: bool = False) -> float:
     """Matmul FLOPs of the (query, key) pairs the call computes: ``2 (D + Dv)``
     per visible pair (QK^T and PV), summed over the tiles that are on -- the
     work done, for TFLOP/s figures."""
-    bq, bk = block_sizes(block_size)
+    block_mask, bq, bk, _, _ = _mask_arguments(q, k, block_mask, block_size)
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     nbq, nbk = math.ceil(Lq / bq), math.ceil(Lk / bk)
@@ -194,9 +225,11 @@ def _check_devices(op: str, q: Tensor, **others) -> None:
 @torch.library.register_fake("baracuda::block_sparse_attention")
 def _block_sparse_attention_fake(q, k, v, block_mask, block_q, block_k, scale=None, is_causal=False,
                                  causal_align="top_left", window_left=None, window_right=None,
-                                 q_document_ids=None, kv_document_ids=None):
+                                 q_document_ids=None, kv_document_ids=None, partial_index=None,
+                                 partial_bits=None):
     _check_devices("block_sparse_attention", q, k=k, v=v, block_mask=block_mask,
-                   q_document_ids=q_document_ids, kv_document_ids=kv_document_ids)
+                   q_document_ids=q_document_ids, kv_document_ids=kv_document_ids,
+                   partial_index=partial_index, partial_bits=partial_bits)
     B, H, Lq, _ = q.shape
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     return q.new_empty((B, H, Lq, v.shape[-1])), q.new_empty((B, H, Lq), dtype=lse_dtype)
@@ -207,10 +240,12 @@ def _block_sparse_attention_backward_fake(grad_out, grad_lse, q, k, v, out, lse,
                                           block_q, block_k, scale=None, is_causal=False,
                                           causal_align="top_left", window_left=None,
                                           window_right=None, q_document_ids=None,
-                                          kv_document_ids=None):
+                                          kv_document_ids=None, partial_index=None,
+                                          partial_bits=None):
     _check_devices("block_sparse_attention_backward", q, k=k, v=v, out=out, lse=lse,
                    block_mask=block_mask, grad_out=grad_out, grad_lse=grad_lse,
-                   q_document_ids=q_document_ids, kv_document_ids=kv_document_ids)
+                   q_document_ids=q_document_ids, kv_document_ids=kv_document_ids,
+                   partial_index=partial_index, partial_bits=partial_bits)
     return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
             torch.empty(k.shape, dtype=k.dtype, device=k.device),
             torch.empty(v.shape, dtype=v.dtype, device=v.device))

@@ -1,19 +1,19 @@
 """Block masks for :func:`baracuda_torch.block_sparse_attention`.
 
-Every builder returns a bool tensor ``[batch or 1, heads or 1, nbq, nbk]``
-with ``nbq = ceil(q_len / block_q)`` and ``nbk = ceil(k_len / block_k)``
-(``block_size`` is an int or ``(block_q, block_k)``): a True tile is computed,
-a False tile is skipped. Size-1 axes broadcast over batch and heads.
+The pattern builders (``causal``, ``sliding_window``, ``bigbird``,
+``dilated``, ``random``) return a bool tensor ``[batch or 1, heads or 1, nbq,
+nbk]`` with ``nbq = ceil(q_len / block_q)`` and ``nbk = ceil(k_len /
+block_k)`` (``block_size`` is an int or ``(block_q, block_k)``): a True tile
+is computed whole, a False tile is skipped. Size-1 axes broadcast over batch
+and heads. Exact edges come from the attention call's own conditions
+(``is_causal``, ``window``, ``document_ids``) or from an exact mask.
 
-Masks are block-granular: a pattern whose edge falls inside a tile (a window
-of 1000 keys at block 128, say) keeps the whole tile. The causal diagonal is
-the exception: pass ``is_causal=True`` to the attention call and the diagonal
-tiles are masked element by element.
+``from_dense`` and ``from_flex`` return an :class:`ExactMask`: tiles off,
+full or partial, with a bit per element of the partial tiles, so attention
+with it equals attention with the dense element mask. Its ``tiles`` field is
+the tile-granular bool mask. Switching from FlexAttention is one line::
 
-Switching from FlexAttention is one line::
-
-    mask = masks.from_flex(flex_block_mask)      # at flex_block_mask.BLOCK_SIZE
-    out = block_sparse_attention(q, k, v, mask, block_size=flex_block_mask.BLOCK_SIZE)
+    out = block_sparse_attention(q, k, v, masks.from_flex(flex_block_mask))
 """
 
 import math
@@ -22,7 +22,10 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .block_sparse_attention import BlockSize, block_sizes
+from .block_sparse_attention import BlockSize, ExactMask, block_sizes
+
+__all__ = ["ExactMask", "bigbird", "causal", "dilated", "exact", "from_dense", "from_flex",
+           "num_blocks", "random", "sliding_window", "to_dense"]
 
 
 def num_blocks(q_len: int, k_len: int, block_size: BlockSize):
@@ -130,31 +133,76 @@ def random(q_len: int, k_len: int, block_size: BlockSize = 64, *, density: float
     return (torch.rand((batch, heads, nbq, nbk), generator=generator) < density).to(device)
 
 
-def from_dense(mask: Tensor, block_size: BlockSize = 64) -> Tensor:
-    """Tiles of a dense boolean mask ``[..., q_len, k_len]`` (at most 4-D,
-    True = attend) that hold at least one True."""
+def from_dense(mask: Tensor, block_size: BlockSize = 64) -> ExactMask:
+    """The exact mask of a dense boolean mask ``[..., q_len, k_len]`` (at
+    most 4-D, True = attend): tiles with no True are off, tiles all True are
+    full, the others partial with their bits. Built with torch ops on the
+    mask's device (one host sync, to count the partial tiles)."""
     if mask.dim() < 2 or mask.dim() > 4:
         raise ValueError(f"mask.dim()={mask.dim()} must be 2, 3 or 4 ([..., q_len, k_len])")
     bq, bk = block_sizes(block_size)
     m = _as_4d(mask.bool())
     B, H, q_len, k_len = m.shape
     nbq, nbk = num_blocks(q_len, k_len, (bq, bk))
-    padded = torch.nn.functional.pad(m, (0, nbk * bk - k_len, 0, nbq * bq - q_len))
-    return padded.reshape(B, H, nbq, bq, nbk, bk).any(dim=5).any(dim=3)
+    # Padding reads as visible for "full" (elements past the ends do not
+    # exist) and as hidden for "on" and for the bits.
+    tiles_of = lambda t, value: torch.nn.functional.pad(  # noqa: E731
+        t, (0, nbk * bk - k_len, 0, nbq * bq - q_len), value=value).reshape(
+        B, H, nbq, bq, nbk, bk).permute(0, 1, 2, 4, 3, 5)
+    on = tiles_of(m, False).any(dim=5).any(dim=4)
+    full = tiles_of(m, True).all(dim=5).all(dim=4)
+    return exact(on, on & ~full, lambda b, h, qb, kb: tiles_of(m, False)[b, h, qb, kb],
+                 (bq, bk), q_len, k_len)
 
 
-def from_flex(block_mask) -> Tensor:
-    """The tiles of a FlexAttention ``BlockMask`` (partial and full blocks
-    alike), at its own ``BLOCK_SIZE``. Partial blocks are kept whole: a
-    ``mask_mod`` that is not causal inside a tile is not reproduced (use
-    ``is_causal=True`` for the causal one)."""
+def exact(tiles: Tensor, partial: Tensor, tile_bits, block_size: BlockSize, q_len: int,
+          k_len: int) -> ExactMask:
+    """An :class:`ExactMask` from its tiles that are on, those of them that
+    are partial (both bool ``[B or 1, H or 1, nbq, nbk]``), and
+    ``tile_bits(b, h, qb, kb)``: the bool ``[n, block_q, block_k]`` element
+    masks of the n partial tiles at those index tensors (positions past the
+    lengths False)."""
+    bq, bk = block_sizes(block_size)
+    where = partial.nonzero(as_tuple=True)
+    slots = where[0].numel()
+    index = torch.full(partial.shape, -1, dtype=torch.int32, device=partial.device)
+    index[where] = torch.arange(slots, dtype=torch.int32, device=partial.device)
+    words = -(-bk // 32)
+    bits = torch.zeros(slots, bq, words * 32, dtype=torch.bool, device=partial.device)
+    if slots:
+        bits[..., :bk] = tile_bits(*where)
+    weights = torch.ones(32, dtype=torch.int64, device=partial.device).bitwise_left_shift(
+        torch.arange(32, device=partial.device))
+    packed = (bits.view(slots, bq, words, 32).long() * weights).sum(-1)
+    packed = torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+    return ExactMask(tiles.bool(), index, packed, (bq, bk), int(q_len), int(k_len))
+
+
+def from_flex(block_mask) -> ExactMask:
+    """The exact mask of a FlexAttention ``BlockMask``, at its own
+    ``BLOCK_SIZE``: its full blocks full, its partial blocks partial with the
+    bits of its ``mask_mod``, evaluated on the partial blocks only."""
     bq, bk = block_mask.BLOCK_SIZE
     q_len, k_len = block_mask.seq_lengths
     nbq, nbk = num_blocks(q_len, k_len, (bq, bk))
-    on = _tiles_of(block_mask.kv_num_blocks, block_mask.kv_indices, nbq, nbk)
+    partial = _tiles_of(block_mask.kv_num_blocks, block_mask.kv_indices, nbq, nbk)
+    full = torch.zeros_like(partial)
     if block_mask.full_kv_num_blocks is not None:
-        on = on | _tiles_of(block_mask.full_kv_num_blocks, block_mask.full_kv_indices, nbq, nbk)
-    return on
+        full = _tiles_of(block_mask.full_kv_num_blocks, block_mask.full_kv_indices, nbq, nbk)
+    partial = partial & ~full
+    mask_mod = block_mask.mask_mod
+    device = partial.device
+
+    def tile_bits(b, h, qb, kb):
+        rows = qb[:, None] * bq + torch.arange(bq, device=device)  # [n, bq]
+        keys = kb[:, None] * bk + torch.arange(bk, device=device)  # [n, bk]
+        inside = (rows < q_len)[:, :, None] & (keys < k_len)[:, None, :]
+        # mask_mod broadcasts over index tensors, as under Flex's vmap.
+        bits = mask_mod(b[:, None, None], h[:, None, None], rows.clamp(max=q_len - 1)[:, :, None],
+                        keys.clamp(max=k_len - 1)[:, None, :])
+        return torch.as_tensor(bits, device=device).bool().expand(inside.shape) & inside
+
+    return exact(partial | full, partial, tile_bits, (bq, bk), q_len, k_len)
 
 
 def _tiles_of(num, indices, nbq, nbk):
@@ -168,11 +216,14 @@ def _tiles_of(num, indices, nbq, nbk):
     return hits > 0
 
 
-def to_dense(block_mask: Tensor, q_len: int, k_len: int, block_size: BlockSize = 64, *,
+def to_dense(block_mask, q_len: int, k_len: int, block_size: BlockSize = 64, *,
              is_causal: bool = False) -> Tensor:
     """The element mask ``[B or 1, H or 1, q_len, k_len]`` that a block mask
-    (4-D or flattened) means -- what to hand SDPA's ``attn_mask`` to get the
-    same result. Allocates ``q_len x k_len``: for tests and small problems."""
+    (4-D or flattened, or an :class:`ExactMask`, whose own block size counts)
+    means -- what to hand SDPA's ``attn_mask`` to get the same result.
+    Allocates ``q_len x k_len``: for tests and small problems."""
+    if isinstance(block_mask, ExactMask):
+        return _exact_to_dense(block_mask, is_causal)
     bq, bk = block_sizes(block_size)
     nbq, nbk = num_blocks(q_len, k_len, (bq, bk))
     m = block_mask.bool()
@@ -181,4 +232,21 @@ def to_dense(block_mask: Tensor, q_len: int, k_len: int, block_size: BlockSize =
     dense = m.repeat_interleave(bq, dim=2)[:, :, :q_len].repeat_interleave(bk, dim=3)[..., :k_len]
     if is_causal:
         dense = dense & torch.ones(q_len, k_len, dtype=torch.bool, device=m.device).tril()
+    return dense
+
+
+def _exact_to_dense(mask: ExactMask, is_causal: bool) -> Tensor:
+    bq, bk = mask.block_size
+    dense = to_dense(mask.tiles, mask.q_len, mask.k_len, (bq, bk), is_causal=is_causal)
+    B, H, nbq, nbk = mask.tiles.shape
+    dense = dense.expand(B, H, -1, -1).clone()
+    words = mask.partial_bits.shape[-1]
+    shifts = torch.arange(32, device=mask.partial_bits.device)
+    bits = ((mask.partial_bits[..., None] >> shifts) & 1).bool().reshape(-1, bq, words * 32)
+    for b, h, qb, kb in (mask.partial_index >= 0).nonzero().tolist():
+        slot = int(mask.partial_index[b, h, qb, kb])
+        rows = slice(qb * bq, min((qb + 1) * bq, mask.q_len))
+        keys = slice(kb * bk, min((kb + 1) * bk, mask.k_len))
+        tile = bits[slot, :rows.stop - rows.start, :keys.stop - keys.start]
+        dense[b, h, rows, keys] &= tile
     return dense

@@ -17,7 +17,8 @@ PyObject* PyInit__C(void) {
 // The element conditions of block-sparse attention, last in each of its ops.
 #define ELEMENT_ARGUMENTS                                                              \
   "str causal_align=\"top_left\", SymInt? window_left=None, SymInt? window_right=None, " \
-  "Tensor? q_document_ids=None, Tensor? kv_document_ids=None"
+  "Tensor? q_document_ids=None, Tensor? kv_document_ids=None, Tensor? partial_index=None, " \
+  "Tensor? partial_bits=None"
 
 TORCH_LIBRARY(baracuda, m) {
   // ---- write_slice: dest[ranges] = source, bit-exact, any dtype ----
@@ -60,7 +61,9 @@ TORCH_LIBRARY(baracuda, m) {
   // at key position i) or "bottom_right" (at i + Lk - Lq); window_left /
   // window_right: keys within that many positions before / after the query's
   // (None: no limit); document ids [B or 1, Lq] and [B or 1, Lk], int32 or
-  // int64, both or neither: only keys of the query's document.
+  // int64, both or neither: only keys of the query's document; partial_index
+  // and partial_bits (masks.ExactMask): a bit per element of the mask's
+  // partial tiles.
   m.def("block_sparse_attention(Tensor q, Tensor k, Tensor v, Tensor block_mask, int block_q, "
         "int block_k, float? scale=None, bool is_causal=False, " ELEMENT_ARGUMENTS
         ") -> (Tensor, Tensor)",

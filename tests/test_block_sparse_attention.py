@@ -265,13 +265,13 @@ def test_builders_match_their_dense_definition():
     Lq, Lk, bs = 300, 260, (64, 32)
     i = torch.arange(Lq)[:, None]
     j = torch.arange(Lk)[None, :]
-    assert torch.equal(masks.causal(Lq, Lk, bs), masks.from_dense(j <= i, bs))
+    assert torch.equal(masks.causal(Lq, Lk, bs), masks.from_dense(j <= i, bs).tiles)
     win = (i - j >= 0) & (i - j < 100)
     sink = (j < 32) & (j <= i)
     assert torch.equal(masks.sliding_window(Lq, Lk, 100, bs, sink_blocks=1),
-                       masks.from_dense(win | sink, bs))
+                       masks.from_dense(win | sink, bs).tiles)
     assert torch.equal(masks.sliding_window(Lq, Lk, 100, bs, causal=False),
-                       masks.from_dense((i - j).abs() < 100, bs))
+                       masks.from_dense((i - j).abs() < 100, bs).tiles)
     qb, kb = torch.arange(5)[:, None], torch.arange(9)[None, :]
     assert torch.equal(masks.dilated(Lq, Lk, bs, dilation=3)[0, 0], (qb - kb) % 3 == 0)
     bb = masks.bigbird(Lq, Lk, bs, global_blocks=1, window_blocks=1, random_blocks=2, batch=2,
@@ -293,7 +293,8 @@ def test_from_flex_block_mask():
     bm = create_block_mask(window, 2, 1, 300, 400, device="cpu", BLOCK_SIZE=(128, 64))
     i = torch.arange(300)[:, None]
     j = torch.arange(400)[None, :]
-    assert torch.equal(masks.from_flex(bm), masks.from_dense(window(0, 0, i, j), (128, 64)).expand(2, 1, -1, -1))
+    assert torch.equal(masks.from_flex(bm).tiles,
+                       masks.from_dense(window(0, 0, i, j), (128, 64)).tiles.expand(2, 1, -1, -1))
 
 
 @pytest.mark.parametrize("builder", ["causal", "sliding_window", "bigbird", "dilated", "random",
@@ -307,7 +308,7 @@ def test_every_builder_runs_against_reference(device, builder):
         "bigbird": lambda: masks.bigbird(L, L, bs, batch=1, heads=2, random_blocks=1, generator=g),
         "dilated": lambda: masks.dilated(L, L, bs, dilation=2, causal=True),
         "random": lambda: masks.random(L, L, bs, density=0.3, heads=2, generator=g),
-        "from_dense": lambda: masks.from_dense(torch.rand(2, L, L, generator=g) < 0.002, bs),
+        "from_dense": lambda: masks.from_dense(torch.rand(2, L, L, generator=g) < 0.002, bs).tiles,
         "from_flex": lambda: _flex_causal(L, bs),
     }
     m = make[builder]().to(device)
@@ -321,7 +322,7 @@ def _flex_causal(L, bs):
     from torch.nn.attention.flex_attention import create_block_mask
 
     return masks.from_flex(create_block_mask(lambda b, h, q, kv: q >= kv, None, None, L, L,
-                                             device="cpu", BLOCK_SIZE=bs))
+                                             device="cpu", BLOCK_SIZE=bs)).tiles
 
 
 def test_attention_flops():

@@ -10,6 +10,7 @@ import torch
 from torch.testing._internal.optests import opcheck
 
 import baracuda_torch as bt
+from baracuda_torch import masks
 from test_block_sparse_attention import inputs, lse_tol, random_mask, tol
 from test_block_sparse_attention_backward import (assert_grads_close, dense_mask,
                                                   reference_attention, reference_grads)
@@ -220,3 +221,135 @@ def test_compiled_training_step_does_not_recompile(device):
         for g, w in zip(grads, want):
             torch.testing.assert_close(g, w)
     assert counts["frames"] == 1
+
+
+# ---------------------------------------------------------------- exact masks
+
+
+def check_exact(q, k, v, exact, **conditions):
+    """Attention with an exact mask against the dense element mask it means."""
+    B, H, Lq, _ = q.shape
+    dense = masks.to_dense(exact, Lq, k.shape[2]).expand(B, H, -1, -1).to(torch.bool)
+    dense = dense & element_mask(B, H, Lq, k.shape[2], **conditions)
+    g = torch.Generator().manual_seed(3)
+    grad_out = torch.randn(B, H, Lq, v.shape[-1], generator=g).to(q.dtype).to(q.device)
+    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    grad_lse = torch.randn(B, H, Lq, generator=g).to(lse_dtype).to(q.device)
+    out, lse, got = run(q, k, v, exact, None, grad_out, grad_lse, **conditions)
+    want_out, want_lse = reference_attention(*(t.double().cpu() for t in (q, k, v)), dense)
+    torch.testing.assert_close(out.double().cpu(), want_out, **tol(q.dtype))
+    torch.testing.assert_close(lse.double().cpu(), want_lse, **lse_tol(q.dtype))
+    assert_grads_close(got, reference_grads(q, k, v, dense, grad_out, grad_lse), q.dtype)
+    return out
+
+
+def test_from_dense_is_exact(device):
+    g = torch.Generator().manual_seed(30)
+    Lq, Lk = 150, 230
+    dense = torch.rand(2, 3, Lq, Lk, generator=g) < 0.3
+    dense[:, :, :, :64] |= True   # full tiles
+    dense[:, :, 64:128, 64:] = False  # off tiles
+    dense[0, 0, 5] = False  # a row with no key
+    exact = masks.from_dense(dense.to(device), (32, 48))
+    assert torch.equal(masks.to_dense(exact, Lq, Lk).cpu(), dense)
+    partial = exact.partial_index >= 0
+    assert partial.any() and (exact.tiles & ~partial).any() and (~exact.tiles).any()
+    for dtype in (torch.float64, torch.float32, torch.bfloat16, torch.float16):
+        q, k, v = inputs(2, 3, 3, Lq, Lk, 40, 24, dtype, device, seed=31)
+        out = check_exact(q, k, v, exact)
+        assert (out[0, 0, 5] == 0).all()
+    # GQA, a broadcast mask, with causal and a window on top.
+    q, k, v = inputs(2, 6, 2, Lq, Lk, 64, 64, torch.float32, device, seed=32)
+    exact = masks.from_dense(dense[:1, :1].to(device), 64)
+    check_exact(q, k, v, exact, is_causal=True, causal_align="bottom_right", window=(80, None))
+
+
+def _flex_mask_mods(L, device):
+    g = torch.Generator().manual_seed(33)
+    docs = torch.bucketize(torch.arange(L), torch.tensor([40, 90, 170]), right=True).to(device)
+    table = (torch.rand(L, L, generator=g) < 0.4).to(device)
+
+    def documents_causal(b, h, q, kv):
+        return (docs[q] == docs[kv]) & (q >= kv)
+
+    def window_and_prefix(b, h, q, kv):
+        return ((q - kv).abs() <= 20) | (kv < 33)
+
+    def from_table(b, h, q, kv):
+        return table[q, kv] | (h == 1)
+
+    return [documents_causal, window_and_prefix, from_table]
+
+
+@pytest.mark.parametrize("which", [0, 1, 2])
+def test_from_flex_is_exact(device, which):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    L = 200
+    mask_mod = _flex_mask_mods(L, device)[which]
+    bm = create_block_mask(mask_mod, 1, 2, L, L, device=device.type, BLOCK_SIZE=(64, 32))
+    exact = masks.from_flex(bm)
+    i = torch.arange(L, device=device)
+    want = torch.stack([mask_mod(0, h, i[:, None], i[None, :]) for h in (0, 1)])[None]
+    assert torch.equal(masks.to_dense(exact, L, L), want.expand(1, 2, L, L))
+    for dtype in (torch.float32, torch.bfloat16):
+        q, k, v = inputs(1, 2, 1, L, L, 64, 64, dtype, device, seed=34)
+        check_exact(q, k, v, exact)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_from_flex_equals_flex_attention(device):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    L = 256
+    mask_mod = _flex_mask_mods(L, device)[0]
+    bm = create_block_mask(mask_mod, None, None, L, L, device=device.type, BLOCK_SIZE=128)
+    q, k, v = inputs(2, 4, 4, L, L, 64, 64, torch.float32, device, seed=35)
+    ours = bt.block_sparse_attention(q, k, v, masks.from_flex(bm))
+    flex = flex_attention if device.type == "cpu" else torch.compile(flex_attention)
+    with torch.no_grad():
+        theirs = flex(q, k, v, block_mask=bm)
+    torch.testing.assert_close(ours, theirs, atol=2e-5, rtol=2e-5)
+
+
+def test_exact_mask_for_other_shapes_raises(device):
+    exact = masks.from_dense(torch.rand(100, 120) < 0.5, 32)
+    q, k, v = inputs(1, 1, 1, 100, 120, 16, 16, torch.float32, device, seed=36)
+    exact = exact._replace(tiles=exact.tiles.to(device), partial_index=exact.partial_index.to(device),
+                           partial_bits=exact.partial_bits.to(device))
+    bt.block_sparse_attention(q, k, v, exact)
+    with pytest.raises(ValueError, match=r"block_size=64 differs from the exact mask's \(32, 32\)"):
+        bt.block_sparse_attention(q, k, v, exact, block_size=64)
+    with pytest.raises(ValueError, match="built for q_len=100, k_len=120; got q_len=99"):
+        bt.block_sparse_attention(q[:, :, 1:], k, v, exact)
+    with pytest.raises(RuntimeError, match=r"partial_bits.shape=\[\d+, 16, 1\] must be "
+                                           r"\[slots, 32, 1\]"):
+        torch.ops.baracuda.block_sparse_attention(q, k, v, exact.tiles, 32, 32, None, False,
+                                                  "top_left", None, None, None, None,
+                                                  exact.partial_index, exact.partial_bits[:, :16])
+    with pytest.raises(RuntimeError, match="needs both partial_index and partial_bits"):
+        torch.ops.baracuda.block_sparse_attention(q, k, v, exact.tiles, 32, 32, None, False,
+                                                  "top_left", None, None, None, None,
+                                                  exact.partial_index, None)
+
+
+def test_exact_mask_compiles_without_recompile(device):
+    torch._dynamo.reset()
+    frames = []
+
+    def backend(gm, example_inputs):
+        frames.append(gm)
+        return gm.forward
+
+    step = torch.compile(lambda q, k, v, m: bt.block_sparse_attention(q, k, v, m).sum(),
+                         backend=backend, fullgraph=True, dynamic=True)
+    g = torch.Generator().manual_seed(37)
+    for L in (96, 160):
+        exact = masks.from_dense((torch.rand(L, L, generator=g) < 0.5).to(device), 32)
+        q, k, v = (t.requires_grad_() for t in inputs(1, 2, 2, L, L, 16, 16, torch.float32,
+                                                      device, seed=L))
+        grads = torch.autograd.grad(step(q, k, v, exact), (q, k, v))
+        want = torch.autograd.grad(bt.block_sparse_attention(q, k, v, exact).sum(), (q, k, v))
+        for a, b in zip(grads, want):
+            torch.testing.assert_close(a, b)
+    assert len(frames) == 1

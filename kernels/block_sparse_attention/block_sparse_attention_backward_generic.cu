@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32)
       if (!key_block_on(a, mrow, kb)) continue;  // uniform across the warp
       const int64_t j_end = min(key_hi, (kb + 1) * a.block_k);
       for (int64_t j = max(key_lo, kb * a.block_k); j < j_end; ++j) {
-        if (!same_document(a, b, i, j)) continue;  // uniform across the warp
+        if (!element_visible(a, b, h, i, j)) continue;  // uniform across the warp
         const T* kj = kbase + j * a.k_strides[2];
         const C s = dot_lanes(qr, kj, a.k_strides[3], a.head_dim, lane);
         const C dp = dot_lanes(dor, vbase + j * a.v_strides[2], a.v_strides[3], a.v_dim, lane);
@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32)
         if (!key_block_on(a, mask_row(a, b, h, qb), kb)) continue;  // uniform across the warp
         const int64_t i_end = min(row_hi, (qb + 1) * a.block_q);
         for (int64_t i = max(row_lo, qb * a.block_q); i < i_end; ++i) {
-          if (!same_document(a, b, i, j)) continue;  // uniform across the warp
+          if (!element_visible(a, b, h, i, j)) continue;  // uniform across the warp
           const RowStats<C> st = row_stats<C>(ba, b, h, i);
           const T* qi = qbase + i * a.q_strides[2];
           const T* doi = dobase + i * ba.grad_out_strides[2];

@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32)
       if (!key_block_on(a, mrow, kb)) continue;  // uniform across the warp
       const int64_t j_end = min(key_hi, (kb + 1) * a.block_k);
       for (int64_t j = max(key_lo, kb * a.block_k); j < j_end; ++j) {
-        if (!same_document(a, b, i, j)) continue;  // uniform across the warp
+        if (!element_visible(a, b, h, i, j)) continue;  // uniform across the warp
         const T* kj = kbase + j * a.k_strides[2];
         C part = 0;
 #pragma unroll

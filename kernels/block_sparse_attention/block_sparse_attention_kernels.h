@@ -44,6 +44,15 @@ struct BlockSparseAttentionArgs {
   const int64_t* q_documents = nullptr;   // [1 or batch, q_len]
   const int64_t* kv_documents = nullptr;  // [1 or batch, k_len]
   int64_t q_documents_stride = 0, kv_documents_stride = 0;  // batch strides, 0 broadcast
+  // An exact mask's partial tiles (both or neither): partial_index, laid out
+  // as the mask, holds -1 for a tile that is off or full and else the tile's
+  // slot in partial_bits, [slots, block_q, bit_words] words whose bit c % 32
+  // of word c / 32 in row r says whether key c of the tile is visible to
+  // row r of it.
+  const int32_t* partial_index = nullptr;
+  int64_t partial_index_strides[4] = {};
+  const uint32_t* partial_bits = nullptr;
+  int64_t bit_words = 0;  // ceil(block_k / 32)
   const void* q = nullptr;  // [batch, heads, q_len, head_dim]
   const void* k = nullptr;  // [batch, kv_heads, k_len, head_dim]
   const void* v = nullptr;  // [batch, kv_heads, k_len, v_dim]
@@ -159,7 +168,7 @@ bool block_sparse_attention_hopper_available(int device);
 // Whether the call has conditions finer than whole blocks other than
 // top-left causal: the tensor-core executors take none of them.
 inline bool has_element_conditions(const BlockSparseAttentionArgs& a) {
-  return a.q_documents != nullptr || a.window_left != kUnboundedWindow ||
+  return a.q_documents != nullptr || a.partial_index != nullptr || a.window_left != kUnboundedWindow ||
          a.window_right != kUnboundedWindow || (a.causal && a.position_offset != 0);
 }
 
@@ -202,12 +211,24 @@ BARACUDA_HOST_DEVICE inline void visible_row_range(const BlockSparseAttentionArg
   if (hi < lo) hi = lo;
 }
 
-// Whether row i and key j of batch b belong to the same document (always,
-// without document ids).
-BARACUDA_HOST_DEVICE inline bool same_document(const BlockSparseAttentionArgs& a, int64_t b,
-                                               int64_t i, int64_t j) {
-  return a.q_documents == nullptr || a.q_documents[b * a.q_documents_stride + i] ==
-                                         a.kv_documents[b * a.kv_documents_stride + j];
+// Whether key j, inside row i's position range and in a tile that is on,
+// is visible to row i of head h in batch b: the same document (with ids) and
+// its bit set where the tile is partial (with an exact mask).
+BARACUDA_HOST_DEVICE inline bool element_visible(const BlockSparseAttentionArgs& a, int64_t b,
+                                                 int64_t h, int64_t i, int64_t j) {
+  if (a.q_documents != nullptr && a.q_documents[b * a.q_documents_stride + i] !=
+                                      a.kv_documents[b * a.kv_documents_stride + j]) {
+    return false;
+  }
+  if (a.partial_index == nullptr) return true;
+  const int64_t qb = i / a.block_q, kb = j / a.block_k;
+  const int64_t* st = a.partial_index_strides;
+  const int32_t slot = a.partial_index[b * st[0] + h * st[1] + qb * st[2] + kb * st[3]];
+  if (slot < 0) return true;
+  const int64_t c = j - kb * a.block_k;
+  const uint32_t word =
+      a.partial_bits[(slot * a.block_q + (i - qb * a.block_q)) * a.bit_words + c / 32];
+  return ((word >> (c % 32)) & 1u) != 0;
 }
 
 // The mask row of query block qb of head h in batch b.
@@ -223,7 +244,7 @@ BARACUDA_HOST_DEVICE inline bool key_block_on(const BlockSparseAttentionArgs& a,
 
 // Calls fn(j) for every key j visible to query row i of head h in batch b,
 // in increasing order: the keys of its mask row's blocks that are on, inside
-// its position range, of its document.
+// its position range, that element_visible keeps.
 template <typename Fn>
 BARACUDA_HOST_DEVICE inline void for_each_visible_key(const BlockSparseAttentionArgs& a, int64_t b,
                                                       int64_t h, int64_t i, Fn&& fn) {
@@ -235,7 +256,7 @@ BARACUDA_HOST_DEVICE inline void for_each_visible_key(const BlockSparseAttention
     const int64_t j_begin = lo > kb * a.block_k ? lo : kb * a.block_k;
     const int64_t j_end = hi < (kb + 1) * a.block_k ? hi : (kb + 1) * a.block_k;
     for (int64_t j = j_begin; j < j_end; ++j) {
-      if (same_document(a, b, i, j)) fn(j);
+      if (element_visible(a, b, h, i, j)) fn(j);
     }
   }
 }

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "common/torch_glue.h"
 
@@ -69,6 +70,30 @@ at::Tensor document_ids(const char* op, const char* name, const at::Tensor& ids,
   return ids.to(at::kLong).contiguous();
 }
 
+// An exact mask's partial tiles: partial_index int32 shaped as the 4-D
+// mask, partial_bits int32 [slots, block_q, ceil(block_k / 32)], on q's
+// device. Sets p.partial_index and p.partial_bits.
+void partial_tiles(const char* op, const at::Tensor& index, const at::Tensor& bits,
+                   AttentionProblem& p) {
+  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"partial_index", index},
+                                {"partial_bits", bits}}) {
+    TORCH_CHECK(t.layout() == at::kStrided && t.scalar_type() == at::kInt, "baracuda::", op, ": ",
+                name, " must be a strided int32 tensor, got ", t.scalar_type());
+    TORCH_CHECK(t.device() == p.q.device(), "baracuda::", op, ": ", name, " is on ", t.device(),
+                " but q is on ", p.q.device());
+  }
+  TORCH_CHECK(index.sizes() == p.mask.sizes(), "baracuda::", op, ": partial_index.shape=",
+              index.sizes(), " must equal the block mask's ", p.mask.sizes(),
+              " (an exact mask built for other lengths or block sizes?)");
+  const int64_t words = (p.block_k + 31) / 32;
+  TORCH_CHECK(bits.dim() == 3 && bits.size(1) == p.block_q && bits.size(2) == words,
+              "baracuda::", op, ": partial_bits.shape=", bits.sizes(), " must be [slots, ",
+              p.block_q, ", ", words, "] for block_size=(", p.block_q, ", ", p.block_k,
+              ") (an exact mask built for other block sizes?)");
+  p.partial_index = index;
+  p.partial_bits = bits.contiguous();
+}
+
 }  // namespace
 
 AttentionProblem validate_attention(const char* op, const at::Tensor& q, const at::Tensor& k,
@@ -125,6 +150,11 @@ AttentionProblem validate_attention(const char* op, const at::Tensor& q, const a
     p.q_documents = document_ids(op, "q_document_ids", *element.q_document_ids, B, Lq, q);
     p.kv_documents = document_ids(op, "kv_document_ids", *element.kv_document_ids, B, k.size(2), q);
   }
+  const bool has_index = element.partial_index.has_value();
+  TORCH_CHECK(has_index == element.partial_bits.has_value(), "baracuda::", op,
+              ": an exact mask needs both partial_index and partial_bits (got only ",
+              has_index ? "partial_index" : "partial_bits", ")");
+  if (has_index) partial_tiles(op, *element.partial_index, *element.partial_bits, p);
   return p;
 }
 
@@ -154,6 +184,12 @@ BlockSparseAttentionArgs attention_args(const AttentionProblem& p, const at::Ten
     a.kv_documents = p.kv_documents.const_data_ptr<int64_t>();
     a.q_documents_stride = p.q_documents.size(0) == 1 ? 0 : p.q_documents.stride(0);
     a.kv_documents_stride = p.kv_documents.size(0) == 1 ? 0 : p.kv_documents.stride(0);
+  }
+  if (p.partial_index.defined()) {
+    a.partial_index = p.partial_index.const_data_ptr<int32_t>();
+    strides_of(a.partial_index_strides, p.partial_index);
+    a.partial_bits = reinterpret_cast<const uint32_t*>(p.partial_bits.const_data_ptr<int32_t>());
+    a.bit_words = p.partial_bits.size(2);
   }
   a.q = q.const_data_ptr();
   a.k = k.const_data_ptr();

@@ -25,6 +25,7 @@ struct ElementArguments {
   c10::string_view causal_align = "top_left";
   std::optional<c10::SymInt> window_left, window_right;
   std::optional<at::Tensor> q_document_ids, kv_document_ids;
+  std::optional<at::Tensor> partial_index, partial_bits;
 };
 
 // A validated call: the inputs, the mask as a 4-D view, and the element
@@ -37,6 +38,7 @@ struct AttentionProblem {
   int64_t position_offset = 0;
   int64_t window_left = kUnboundedWindow, window_right = kUnboundedWindow;
   at::Tensor q_documents, kv_documents;  // int64, contiguous rows; undefined without ids
+  at::Tensor partial_index, partial_bits;  // an exact mask's; undefined without
 };
 
 // Checks a call's arguments; `op` names the op in error messages.
