@@ -46,21 +46,31 @@ def run(q, k, v, m, block_size, grad_out, grad_lse, **conditions):
     return out, lse, grads
 
 
-def check(q, k, v, m, block_size, **conditions):
+def compare(q, k, v, block_mask, block_size, dense, **conditions):
+    """Outputs, lse and gradients (through both) against float64 attention
+    over the dense element mask."""
     B, H, Lq, _ = q.shape
-    Lk = k.shape[2]
     g = torch.Generator().manual_seed(7)
     grad_out = torch.randn(B, H, Lq, v.shape[-1], generator=g).to(q.dtype).to(q.device)
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     grad_lse = torch.randn(B, H, Lq, generator=g).to(lse_dtype).to(q.device)
-    blocks = (torch.ones(1, 1, -(-Lq // block_size[0]), -(-Lk // block_size[1]), dtype=torch.bool)
-              if m is None else m)
-    dense = dense_mask(blocks, q, k, block_size, False) & element_mask(B, H, Lq, Lk, **conditions)
-    out, lse, got = run(q, k, v, m, block_size, grad_out, grad_lse, **conditions)
+    out, lse, got = run(q, k, v, block_mask, block_size, grad_out, grad_lse, **conditions)
     want_out, want_lse = reference_attention(*(t.double().cpu() for t in (q, k, v)), dense)
     torch.testing.assert_close(out.double().cpu(), want_out, **tol(q.dtype))
     torch.testing.assert_close(lse.double().cpu(), want_lse, **lse_tol(q.dtype))
     assert_grads_close(got, reference_grads(q, k, v, dense, grad_out, grad_lse), q.dtype)
+    return out
+
+
+def check(q, k, v, m, block_size, **conditions):
+    """A tile mask (None: every tile) with element conditions; returns the
+    dense element mask."""
+    B, H, Lq, _ = q.shape
+    Lk = k.shape[2]
+    blocks = (torch.ones(1, 1, -(-Lq // block_size[0]), -(-Lk // block_size[1]), dtype=torch.bool)
+              if m is None else m)
+    dense = dense_mask(blocks, q, k, block_size, False) & element_mask(B, H, Lq, Lk, **conditions)
+    compare(q, k, v, m, block_size, dense, **conditions)
     return dense
 
 
@@ -229,18 +239,9 @@ def test_compiled_training_step_does_not_recompile(device):
 def check_exact(q, k, v, exact, **conditions):
     """Attention with an exact mask against the dense element mask it means."""
     B, H, Lq, _ = q.shape
-    dense = masks.to_dense(exact, Lq, k.shape[2]).expand(B, H, -1, -1).to(torch.bool)
+    dense = masks.to_dense(exact, Lq, k.shape[2]).expand(B, H, -1, -1).cpu()
     dense = dense & element_mask(B, H, Lq, k.shape[2], **conditions)
-    g = torch.Generator().manual_seed(3)
-    grad_out = torch.randn(B, H, Lq, v.shape[-1], generator=g).to(q.dtype).to(q.device)
-    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    grad_lse = torch.randn(B, H, Lq, generator=g).to(lse_dtype).to(q.device)
-    out, lse, got = run(q, k, v, exact, None, grad_out, grad_lse, **conditions)
-    want_out, want_lse = reference_attention(*(t.double().cpu() for t in (q, k, v)), dense)
-    torch.testing.assert_close(out.double().cpu(), want_out, **tol(q.dtype))
-    torch.testing.assert_close(lse.double().cpu(), want_lse, **lse_tol(q.dtype))
-    assert_grads_close(got, reference_grads(q, k, v, dense, grad_out, grad_lse), q.dtype)
-    return out
+    return compare(q, k, v, exact, None, dense, **conditions)
 
 
 def test_from_dense_is_exact(device):
