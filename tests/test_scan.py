@@ -113,6 +113,13 @@ def random_input(shape, dtype, device, g, name="cumsum"):
     return x.to(dtype).to(device)
 
 
+def float32_quick(dtypes):
+    """dtypes as parameters, all but float32 in the slow tier: the long-row
+    sweeps take tens of seconds per dtype on a GPU, and float32 keeps each
+    path covered in the quick tier."""
+    return [d if d == torch.float32 else pytest.param(d, marks=pytest.mark.slow) for d in dtypes]
+
+
 def check(name, x, dim, reverse, dtype=None):
     dtype = dtype or x.dtype
     got = ours(name, x, dim, reverse)
@@ -782,7 +789,8 @@ LONG_ROW_LAYOUTS = [((1, 40000), 0), ((1, 40000), 1), ((1, 40003), 0), ((1, 4000
                     ((3, 20000), 0), ((3, 20001), 0), ((2, 41000), 1)]
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("dtype", float32_quick([torch.bfloat16, torch.float32, torch.float64]),
+                         ids=str)
 @pytest.mark.parametrize("name", ALL_OPS)
 def test_long_rows_layouts_and_ragged_tiles(device, dtype, name, rng):
     for shape, k in LONG_ROW_LAYOUTS:
@@ -1074,8 +1082,8 @@ def assert_long_row_grad_close(name, got, x, reverse, dy):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64],
-                         ids=str)
+@pytest.mark.parametrize("dtype", float32_quick([torch.float16, torch.bfloat16, torch.float32,
+                                                torch.float64]), ids=str)
 @pytest.mark.parametrize("name", ["cumsum", "cumprod"])
 def test_staged_long_rows_on_cuda(dtype, name):
     g = torch.Generator().manual_seed(11)
@@ -1215,7 +1223,8 @@ def test_staged_logcumsumexp_long_rows_on_cuda(dtype):
 # length: the results are a few rounding steps of the dtype from the
 # float64 reference. Bit-identical run to run.
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("dtype", float32_quick([torch.float16, torch.bfloat16, torch.float32]),
+                         ids=str)
 def test_staged_logcumsumexp_rounds_on_cuda(dtype):
     n = 1 << 24
     shape = (3, n)
@@ -1359,7 +1368,8 @@ def keyed_rows_patterns(n):
 # shows however small); reruns bit-identical; the gradient's every element
 # written over a poisoned allocator.
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("dtype", float32_quick([torch.bfloat16, torch.float32, torch.float64]),
+                         ids=str)
 @pytest.mark.parametrize("name", EXTREME)
 def test_keyed_long_rows_carries_on_cuda(dtype, name):
     g = torch.Generator().manual_seed(31)
