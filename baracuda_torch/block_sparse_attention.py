@@ -122,7 +122,8 @@ def _element_arguments(causal_align: str, window, document_ids) -> tuple:
 def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, block_mask=None, *,
                            block_size: Optional[BlockSize] = None, scale: float = None,
                            is_causal: bool = False, causal_align: str = "top_left",
-                           window=None, document_ids=None, return_lse: bool = False):
+                           window=None, document_ids=None, kv_lens: Optional[Tensor] = None,
+                           return_lse: bool = False):
     """Attention over the keys that the block mask and the element conditions
     keep; all conditions AND together.
 
@@ -155,6 +156,13 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, block_mask=None, *,
             ``[B or 1, Lk]`` on q's device: a key is visible only where its
             id equals the query's (packed variable-length sequences). Read on
             the device; no host sync.
+        kv_lens: int32/int64 ``[B]`` on q's device: batch row ``b`` attends
+            keys ``[0, kv_lens[b])`` of a preallocated cache (``k``, ``v`` of
+            length ``S_max``), never reading past them; with
+            ``causal_align="bottom_right"`` the queries sit at the end of
+            each row's keys. Read on the device (a decode loop captures in
+            one CUDA graph); lengths outside ``[0, S_max]`` raise on CPU and
+            are clamped to it on CUDA (a check would cost a host sync).
         return_lse: also return the log-sum-exp of the scores.
 
     Returns:
@@ -172,21 +180,22 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, block_mask=None, *,
     tiles, bq, bk, index, bits = _mask_arguments(q, k, block_mask, block_size)
     out, lse = _OPS.block_sparse_attention.default(
         q, k, v, tiles, bq, bk, scale, is_causal,
-        *_element_arguments(causal_align, window, document_ids), index, bits)
+        *_element_arguments(causal_align, window, document_ids), index, bits, kv_lens)
     return (out, lse) if return_lse else out
 
 
 def block_sparse_attention_path(q: Tensor, k: Tensor, v: Tensor, block_mask=None, *,
                                 block_size: Optional[BlockSize] = None, scale: float = None,
                                 is_causal: bool = False, causal_align: str = "top_left",
-                                window=None, document_ids=None) -> str:
+                                window=None, document_ids=None,
+                                kv_lens: Optional[Tensor] = None) -> str:
     """Which executor :func:`block_sparse_attention` runs these arguments on:
     ``"cpu"``, ``"cuda_generic"``, ``"cuda_wgmma"`` (Hopper tensor cores) or
     ``"cuda_tensor_core"`` (mma.sync, other tensor-core GPUs)."""
     tiles, bq, bk, index, bits = _mask_arguments(q, k, block_mask, block_size)
     return _OPS.block_sparse_attention_path.default(
         q, k, v, tiles, bq, bk, scale, is_causal,
-        *_element_arguments(causal_align, window, document_ids), index, bits)
+        *_element_arguments(causal_align, window, document_ids), index, bits, kv_lens)
 
 
 def attention_flops(q: Tensor, k: Tensor, v: Tensor, block_mask,
@@ -226,10 +235,10 @@ def _check_devices(op: str, q: Tensor, **others) -> None:
 def _block_sparse_attention_fake(q, k, v, block_mask, block_q, block_k, scale=None, is_causal=False,
                                  causal_align="top_left", window_left=None, window_right=None,
                                  q_document_ids=None, kv_document_ids=None, partial_index=None,
-                                 partial_bits=None):
+                                 partial_bits=None, kv_lens=None):
     _check_devices("block_sparse_attention", q, k=k, v=v, block_mask=block_mask,
                    q_document_ids=q_document_ids, kv_document_ids=kv_document_ids,
-                   partial_index=partial_index, partial_bits=partial_bits)
+                   partial_index=partial_index, partial_bits=partial_bits, kv_lens=kv_lens)
     B, H, Lq, _ = q.shape
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     return q.new_empty((B, H, Lq, v.shape[-1])), q.new_empty((B, H, Lq), dtype=lse_dtype)
@@ -241,11 +250,11 @@ def _block_sparse_attention_backward_fake(grad_out, grad_lse, q, k, v, out, lse,
                                           causal_align="top_left", window_left=None,
                                           window_right=None, q_document_ids=None,
                                           kv_document_ids=None, partial_index=None,
-                                          partial_bits=None):
+                                          partial_bits=None, kv_lens=None):
     _check_devices("block_sparse_attention_backward", q, k=k, v=v, out=out, lse=lse,
                    block_mask=block_mask, grad_out=grad_out, grad_lse=grad_lse,
                    q_document_ids=q_document_ids, kv_document_ids=kv_document_ids,
-                   partial_index=partial_index, partial_bits=partial_bits)
+                   partial_index=partial_index, partial_bits=partial_bits, kv_lens=kv_lens)
     return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
             torch.empty(k.shape, dtype=k.dtype, device=k.device),
             torch.empty(v.shape, dtype=v.dtype, device=v.device))

@@ -18,7 +18,7 @@ PyObject* PyInit__C(void) {
 #define ELEMENT_ARGUMENTS                                                              \
   "str causal_align=\"top_left\", SymInt? window_left=None, SymInt? window_right=None, " \
   "Tensor? q_document_ids=None, Tensor? kv_document_ids=None, Tensor? partial_index=None, " \
-  "Tensor? partial_bits=None"
+  "Tensor? partial_bits=None, Tensor? kv_lens=None"
 
 TORCH_LIBRARY(baracuda, m) {
   // ---- write_slice: dest[ranges] = source, bit-exact, any dtype ----
@@ -63,7 +63,8 @@ TORCH_LIBRARY(baracuda, m) {
   // (None: no limit); document ids [B or 1, Lq] and [B or 1, Lk], int32 or
   // int64, both or neither: only keys of the query's document; partial_index
   // and partial_bits (masks.ExactMask): a bit per element of the mask's
-  // partial tiles.
+  // partial tiles; kv_lens [B], int32 or int64: batch b sees keys
+  // [0, kv_lens[b]) of a preallocated cache (bottom_right aligns to them).
   m.def("block_sparse_attention(Tensor q, Tensor k, Tensor v, Tensor block_mask, int block_q, "
         "int block_k, float? scale=None, bool is_causal=False, " ELEMENT_ARGUMENTS
         ") -> (Tensor, Tensor)",

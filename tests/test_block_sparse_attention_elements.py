@@ -74,6 +74,17 @@ def check(q, k, v, m, block_size, **conditions):
     return dense
 
 
+def frame_counter():
+    """A torch.compile backend that counts the graphs it is handed."""
+    frames = []
+
+    def backend(gm, example_inputs):
+        frames.append(gm)
+        return gm.forward
+
+    return backend, frames
+
+
 def documents(B, L, n, seed, device):
     """Sorted ids of n packed documents of random lengths per batch row."""
     g = torch.Generator().manual_seed(seed)
@@ -209,11 +220,7 @@ def test_gradcheck(device):
 
 def test_compiled_training_step_does_not_recompile(device):
     torch._dynamo.reset()
-    counts = {"frames": 0}
-
-    def backend(gm, example_inputs):
-        counts["frames"] += 1
-        return gm.forward
+    backend, frames = frame_counter()
 
     def step(q, k, v, ids, left):
         out = bt.block_sparse_attention(q, k, v, None, block_size=16, is_causal=True,
@@ -230,7 +237,7 @@ def test_compiled_training_step_does_not_recompile(device):
         want = torch.autograd.grad(step(q, k, v, ids, left), (q, k, v))
         for g, w in zip(grads, want):
             torch.testing.assert_close(g, w)
-    assert counts["frames"] == 1
+    assert len(frames) == 1
 
 
 # ---------------------------------------------------------------- exact masks
@@ -336,11 +343,7 @@ def test_exact_mask_for_other_shapes_raises(device):
 
 def test_exact_mask_compiles_without_recompile(device):
     torch._dynamo.reset()
-    frames = []
-
-    def backend(gm, example_inputs):
-        frames.append(gm)
-        return gm.forward
+    backend, frames = frame_counter()
 
     step = torch.compile(lambda q, k, v, m: bt.block_sparse_attention(q, k, v, m).sum(),
                          backend=backend, fullgraph=True, dynamic=True)
@@ -354,3 +357,132 @@ def test_exact_mask_compiles_without_recompile(device):
         for a, b in zip(grads, want):
             torch.testing.assert_close(a, b)
     assert len(frames) == 1
+
+
+# ---------------------------------------------------------------- kv_lens (decode over a cache)
+
+
+@pytest.mark.parametrize("Lq", [1, 4, 16])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+def test_kv_lens_against_the_sliced_cache(device, Lq, dtype):
+    """Each row attends the filled part of a preallocated cache, bottom-right
+    causal (the new queries sit at its end); NaN junk past each length is
+    never read. Per row, the reference is attention over the sliced cache."""
+    B, H, Hkv, S, D = 5, 4, 2, 200, 64
+    lens = torch.tensor([0, 1, 77, 128, S])
+    q, k, v = inputs(B, H, Hkv, Lq, S, D, D, dtype, device, seed=40)
+    for b, n in enumerate(lens.tolist()):
+        k[b, :, n:] = float("nan")
+        v[b, :, n:] = float("nan")
+    for causal in (False, True):
+        out, lse = bt.block_sparse_attention(q, k, v, block_size=64, is_causal=causal,
+                                             causal_align="bottom_right",
+                                             kv_lens=lens.to(device), return_lse=True)
+        for b, n in enumerate(lens.tolist()):
+            dense = element_mask(1, H, Lq, n, is_causal=causal, causal_align="bottom_right")
+            want_out, want_lse = reference_attention(q[b:b + 1].double().cpu(),
+                                                     k[b:b + 1, :, :n].double().cpu(),
+                                                     v[b:b + 1, :, :n].double().cpu(), dense)
+            torch.testing.assert_close(out[b:b + 1].double().cpu(), want_out, **tol(dtype))
+            torch.testing.assert_close(lse[b:b + 1].double().cpu(), want_lse, **lse_tol(dtype))
+        assert (out[0] == 0).all() and (lse[0] == float("-inf")).all()  # kv_lens 0
+
+
+def test_kv_lens_gradients(device):
+    B, H, S = 3, 2, 90
+    lens = torch.tensor([90, 33, 0], device=device)
+    q, k, v = inputs(B, H, 1, 7, S, 16, 24, torch.float64, device, seed=41)
+    dense = torch.zeros(B, H, 7, S, dtype=torch.bool)
+    for b, n in enumerate(lens.tolist()):
+        dense[b, :, :, :n] = element_mask(1, H, 7, n, is_causal=True, causal_align="bottom_right")
+    compare(q, k, v, None, (16, 16), dense, is_causal=True, causal_align="bottom_right",
+            kv_lens=lens)
+    fn = lambda q, k, v: bt.block_sparse_attention(  # noqa: E731
+        q, k, v, block_size=16, is_causal=True, causal_align="bottom_right", kv_lens=lens,
+        return_lse=True)
+    # Keys past a row's length get exactly zero gradients.
+    kk = k.detach().requires_grad_()
+    out, _ = fn(q, kk, v)
+    (dk,) = torch.autograd.grad(out.sum(), kk)
+    assert (dk[1, :, 33:] == 0).all() and (dk[2] == 0).all()
+    small = [t[:, :, :, :8].contiguous().requires_grad_() for t in (q, k, v)]
+    small[1] = small[1][:, :, :40].detach().requires_grad_()
+    small[2] = small[2][:, :, :40].detach().requires_grad_()
+    lens_small = torch.tensor([40, 13, 0], device=device)
+    # out only: the lse of the empty row is -inf, where finite differences are NaN.
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: bt.block_sparse_attention(q, k, v, block_size=16, kv_lens=lens_small,
+                                                  causal_align="bottom_right", is_causal=True),
+        small)
+
+
+def test_kv_lens_errors_and_opcheck(device):
+    q, k, v = inputs(2, 2, 2, 3, 50, 16, 16, torch.float32, device, seed=42)
+    f = bt.block_sparse_attention
+    with pytest.raises(RuntimeError, match=r"kv_lens.shape=\[3\] must be \[2\]"):
+        f(q, k, v, kv_lens=torch.tensor([1, 2, 3], device=device))
+    with pytest.raises(RuntimeError, match="kv_lens must be a strided int32 or int64 tensor"):
+        f(q, k, v, kv_lens=torch.tensor([1.0, 2.0], device=device))
+    if device.type == "cpu":
+        with pytest.raises(RuntimeError, match=r"kv_lens\[1\]=51 must be in \[0, 50\]"):
+            f(q, k, v, kv_lens=torch.tensor([1, 51]))
+    mask = torch.ones(1, 1, 1, 4, dtype=torch.bool, device=device)
+    lens = torch.tensor([50, 17], dtype=torch.int32, device=device)
+    opcheck(torch.ops.baracuda.block_sparse_attention.default,
+            (q.double().requires_grad_(), k.double().requires_grad_(), v.double().requires_grad_(),
+             mask, 16, 16, None, True, "bottom_right", None, None, None, None, None, None, lens))
+
+
+def test_kv_lens_compiled_decode_does_not_recompile(device):
+    torch._dynamo.reset()
+    backend, frames = frame_counter()
+
+    def step(q, k, v, lens):
+        return bt.block_sparse_attention(q, k, v, block_size=16, is_causal=True,
+                                         causal_align="bottom_right", kv_lens=lens)
+
+    compiled = torch.compile(step, backend=backend, fullgraph=True, dynamic=True)
+    q, k, v = inputs(2, 2, 1, 1, 64, 16, 16, torch.float32, device, seed=43)
+    for n in (5, 17, 64):
+        lens = torch.tensor([n, max(n - 3, 0)], device=device)
+        torch.testing.assert_close(compiled(q, k, v, lens), step(q, k, v, lens))
+    assert len(frames) == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_kv_lens_decode_loop_in_a_cuda_graph():
+    """Append with write_slice_at_ and attend with kv_lens, captured once and
+    replayed at growing lengths."""
+    B, H, S, D = 2, 4, 96, 64
+    device = torch.device("cuda")
+    k_cache = torch.zeros(B, H, S, D, device=device)
+    v_cache = torch.zeros(B, H, S, D, device=device)
+    lens = torch.zeros(B, dtype=torch.int64, device=device)
+    q = torch.randn(B, H, 1, D, device=device)
+    k_new, v_new = torch.randn(B, H, 1, D, device=device), torch.randn(B, H, 1, D, device=device)
+    out = torch.empty(B, H, 1, D, device=device)
+
+    def decode_step():
+        bt.write_slice_at_(k_cache, k_new, 2, lens)
+        bt.write_slice_at_(v_cache, v_new, 2, lens)
+        lens.add_(1)
+        out.copy_(bt.block_sparse_attention(q, k_cache, v_cache, block_size=64, is_causal=True,
+                                            causal_align="bottom_right", kv_lens=lens))
+
+    decode_step()  # warm-up (and the first position)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(graph, stream=stream):
+            decode_step()
+    torch.cuda.synchronize()
+    g = torch.Generator(device="cpu").manual_seed(44)
+    for _ in range(20):
+        k_new.copy_(torch.randn(B, H, 1, D, generator=g))
+        v_new.copy_(torch.randn(B, H, 1, D, generator=g))
+        graph.replay()
+        torch.cuda.synchronize()
+        n = int(lens[0])
+        want = torch.nn.functional.scaled_dot_product_attention(q, k_cache[:, :, :n],
+                                                                v_cache[:, :, :n])
+        torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)

@@ -27,14 +27,15 @@ using OptionalTensor = std::optional<at::Tensor>;
 // The schemas' trailing element conditions (registry.cpp: ELEMENT_ARGUMENTS).
 #define ELEMENT_TYPES                                                                        \
   c10::string_view, OptionalSymInt, OptionalSymInt, const OptionalTensor&, const OptionalTensor&, \
-      const OptionalTensor&, const OptionalTensor&
+      const OptionalTensor&, const OptionalTensor&, const OptionalTensor&
 #define ELEMENT_PARAMETERS                                                            \
   c10::string_view causal_align, OptionalSymInt window_left, OptionalSymInt window_right,   \
       const OptionalTensor &q_document_ids, const OptionalTensor &kv_document_ids,          \
-      const OptionalTensor &partial_index, const OptionalTensor &partial_bits
+      const OptionalTensor &partial_index, const OptionalTensor &partial_bits,              \
+      const OptionalTensor &kv_lens
 #define ELEMENT_VALUES                                                                  \
   causal_align, window_left, window_right, q_document_ids, kv_document_ids, partial_index, \
-      partial_bits
+      partial_bits, kv_lens
 
 using AttentionFn = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
                                                        const at::Tensor&, const at::Tensor&,
@@ -74,7 +75,8 @@ struct Attention : public torch::autograd::Function<Attention> {
                                const OptionalTensor& q_document_ids,
                                const OptionalTensor& kv_document_ids,
                                const OptionalTensor& partial_index,
-                               const OptionalTensor& partial_bits) {
+                               const OptionalTensor& partial_bits,
+                               const OptionalTensor& kv_lens) {
     at::AutoDispatchBelowADInplaceOrView below;
     auto [out, lse] = attention_op().call(q, k, v, block_mask, block_q, block_k, scale,
                                           is_causal, ELEMENT_VALUES);
@@ -82,7 +84,8 @@ struct Attention : public torch::autograd::Function<Attention> {
                             q_document_ids.value_or(at::Tensor()),
                             kv_document_ids.value_or(at::Tensor()),
                             partial_index.value_or(at::Tensor()),
-                            partial_bits.value_or(at::Tensor())});
+                            partial_bits.value_or(at::Tensor()),
+                            kv_lens.value_or(at::Tensor())});
     ctx->saved_data["block_q"] = block_q;
     ctx->saved_data["block_k"] = block_k;
     ctx->saved_data["scale"] = scale;
@@ -94,7 +97,7 @@ struct Attention : public torch::autograd::Function<Attention> {
     return {out, lse};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const variable_list none(15);
+    const variable_list none(16);
     if (!grads[0].defined() && !grads[1].defined()) return none;
     const variable_list s = ctx->get_saved_variables();
     const auto& d = ctx->saved_data;
@@ -106,7 +109,7 @@ struct Attention : public torch::autograd::Function<Attention> {
         d.at("is_causal").toBool(), d.at("causal_align").toStringRef(),
         d.at("window_left").toOptional<c10::SymInt>(),
         d.at("window_right").toOptional<c10::SymInt>(), if_defined(s[6]), if_defined(s[7]),
-        if_defined(s[8]), if_defined(s[9]));
+        if_defined(s[8]), if_defined(s[9]), if_defined(s[10]));
     variable_list result = none;
     result[0] = dq;
     result[1] = dk;
@@ -131,7 +134,7 @@ std::tuple<at::Tensor, at::Tensor> attention_autograd(const at::Tensor& q, const
   const variable_list r =
       Attention::apply(q, k, v, block_mask, block_q, block_k, scale, is_causal,
                        std::string(causal_align), window_left, window_right, q_document_ids,
-                       kv_document_ids, partial_index, partial_bits);
+                       kv_document_ids, partial_index, partial_bits, kv_lens);
   return {r[0], r[1]};
 }
 

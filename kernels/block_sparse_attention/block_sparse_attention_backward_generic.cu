@@ -145,7 +145,7 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32)
     const T* vbase = v + b * a.v_strides[0] + g * a.v_strides[1];
     const uint8_t* mrow = mask_row(a, b, h, i / a.block_q);
     int64_t key_lo, key_hi;
-    visible_key_range(a, i, key_lo, key_hi);
+    visible_key_range(a, b, i, key_lo, key_hi);
     // A row that saw no key visits none now either (its walk is empty).
     if (st.lse_log2 == static_cast<C>(INFINITY)) key_hi = key_lo;
     for (int64_t kb = key_lo / a.block_k; kb * a.block_k < key_hi; ++kb) {
@@ -185,18 +185,21 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32)
     const int64_t j = key % a.k_len, bg = key / a.k_len;
     const int64_t g = bg % a.kv_heads, b = bg / a.kv_heads;
     const int64_t kb = j / a.block_k;
-    C kr[kPerLane], vr[kPerLane], dk[kPerLane], dv[kPerLane];
-    load_lanes(kr, static_cast<const T*>(a.k) + b * a.k_strides[0] + g * a.k_strides[1] +
-                       j * a.k_strides[2],
-               a.k_strides[3], a.head_dim, lane, scale_log2);
-    load_lanes(vr, static_cast<const T*>(a.v) + b * a.v_strides[0] + g * a.v_strides[1] +
-                       j * a.v_strides[2],
-               a.v_strides[3], a.v_dim, lane);
-#pragma unroll
-    for (int c = 0; c < kPerLane; ++c) dk[c] = dv[c] = 0;
-    // The rows that may see the key by position (causal, window).
+    // The rows that may see the key by position (kv_lens, causal, window);
+    // a key no row sees (past kv_lens, say) is not even read.
     int64_t row_lo, row_hi;
-    visible_row_range(a, j, row_lo, row_hi);
+    visible_row_range(a, b, j, row_lo, row_hi);
+    C kr[kPerLane], vr[kPerLane], dk[kPerLane], dv[kPerLane];
+#pragma unroll
+    for (int c = 0; c < kPerLane; ++c) kr[c] = vr[c] = dk[c] = dv[c] = 0;
+    if (row_lo < row_hi) {
+      load_lanes(kr, static_cast<const T*>(a.k) + b * a.k_strides[0] + g * a.k_strides[1] +
+                         j * a.k_strides[2],
+                 a.k_strides[3], a.head_dim, lane, scale_log2);
+      load_lanes(vr, static_cast<const T*>(a.v) + b * a.v_strides[0] + g * a.v_strides[1] +
+                         j * a.v_strides[2],
+                 a.v_strides[3], a.v_dim, lane);
+    }
     for (int64_t h = g * group; h < (g + 1) * group; ++h) {
       const T* qbase = q + b * a.q_strides[0] + h * a.q_strides[1];
       const T* dobase = dout + b * ba.grad_out_strides[0] + h * ba.grad_out_strides[1];

@@ -63,11 +63,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> block_sparse_attention_backward(
     std::optional<c10::SymInt> window_left, std::optional<c10::SymInt> window_right,
     const std::optional<at::Tensor>& q_document_ids,
     const std::optional<at::Tensor>& kv_document_ids, const std::optional<at::Tensor>& partial_index,
-    const std::optional<at::Tensor>& partial_bits) {
+    const std::optional<at::Tensor>& partial_bits, const std::optional<at::Tensor>& kv_lens) {
   const AttentionProblem p = validate_attention(kOp, q_in, k_in, v_in, block_mask, block_q,
                                                 block_k, scale, is_causal,
                                                 ElementArguments{causal_align, window_left, window_right, q_document_ids, kv_document_ids,
-                                                 partial_index, partial_bits});
+                                                 partial_index, partial_bits, kv_lens});
   const int64_t B = q_in.size(0), H = q_in.size(1), Lq = q_in.size(2), Dv = v_in.size(3);
   const at::ScalarType lse_dtype = attention_lse_dtype(q_in.scalar_type());
   check_like("out", out_in, {B, H, Lq, Dv}, q_in.scalar_type(), q_in);

@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32)
     C m = -static_cast<C>(INFINITY), l = 0;
     const uint8_t* mrow = mask_row(a, b, h, i / a.block_q);
     int64_t key_lo, key_hi;
-    visible_key_range(a, i, key_lo, key_hi);
+    visible_key_range(a, b, i, key_lo, key_hi);
     for (int64_t kb = key_lo / a.block_k; kb * a.block_k < key_hi; ++kb) {
       if (!key_block_on(a, mrow, kb)) continue;  // uniform across the warp
       const int64_t j_end = min(key_hi, (kb + 1) * a.block_k);

@@ -32,14 +32,18 @@ struct BlockSparseAttentionArgs {
   int64_t block_q = 1, block_k = 1;            // mask granularity, in rows / keys
   int64_t num_q_blocks = 0, num_k_blocks = 0;  // ceil(q_len / block_q), ceil(k_len / block_k)
   double scale = 1.0;
-  // Element conditions, all ANDed with the block mask. Query row i sits at
-  // key position pos = i + position_offset (0: top-left, torch's is_causal;
-  // k_len - q_len: bottom-right, a chunk of new queries after a KV cache).
-  // causal: keys j <= pos. Window: pos - window_left <= j <= pos +
-  // window_right (kUnboundedWindow: no limit on that side). Document ids
-  // (both or neither): only keys whose id equals the row's.
+  // Element conditions, all ANDed with the block mask. kv_lens: batch b
+  // sees only keys [0, kv_lens[b]) (clamped to [0, k_len]; nullptr: all
+  // k_len), the filled part of a preallocated cache; nothing past it is
+  // read. Query row i sits at key position pos = i (top-left, torch's
+  // is_causal) or, bottom_right, i + keys(b) - q_len (a chunk of new
+  // queries after a KV cache). causal: keys j <= pos. Window: pos -
+  // window_left <= j <= pos + window_right (kUnboundedWindow: no limit on
+  // that side). Document ids (both or neither): only keys whose id equals
+  // the row's.
   bool causal = false;
-  int64_t position_offset = 0;
+  bool bottom_right = false;
+  const int64_t* kv_lens = nullptr;  // [batch]
   int64_t window_left = kUnboundedWindow, window_right = kUnboundedWindow;
   const int64_t* q_documents = nullptr;   // [1 or batch, q_len]
   const int64_t* kv_documents = nullptr;  // [1 or batch, k_len]
@@ -168,8 +172,21 @@ bool block_sparse_attention_hopper_available(int device);
 // Whether the call has conditions finer than whole blocks other than
 // top-left causal: the tensor-core executors take none of them.
 inline bool has_element_conditions(const BlockSparseAttentionArgs& a) {
-  return a.q_documents != nullptr || a.partial_index != nullptr || a.window_left != kUnboundedWindow ||
-         a.window_right != kUnboundedWindow || (a.causal && a.position_offset != 0);
+  return a.q_documents != nullptr || a.partial_index != nullptr || a.kv_lens != nullptr ||
+         a.window_left != kUnboundedWindow || a.window_right != kUnboundedWindow ||
+         (a.causal && a.bottom_right && a.q_len != a.k_len);
+}
+
+// The keys batch b sees: kv_lens[b] clamped to [0, k_len], else k_len.
+BARACUDA_HOST_DEVICE inline int64_t keys_of(const BlockSparseAttentionArgs& a, int64_t b) {
+  if (a.kv_lens == nullptr) return a.k_len;
+  const int64_t n = a.kv_lens[b];
+  return n < 0 ? 0 : (n < a.k_len ? n : a.k_len);
+}
+
+// Row i's key position minus i in batch b.
+BARACUDA_HOST_DEVICE inline int64_t position_offset(const BlockSparseAttentionArgs& a, int64_t b) {
+  return a.bottom_right ? keys_of(a, b) - a.q_len : 0;
 }
 
 // One past the last key visible to any of the query rows [.., last_row]:
@@ -181,12 +198,12 @@ BARACUDA_HOST_DEVICE inline int64_t visible_key_end(const BlockSparseAttentionAr
   return last_row + 1 < a.k_len ? last_row + 1 : a.k_len;
 }
 
-// The keys [lo, hi) that row i may see by position (causal and window); an
-// empty range has lo == hi.
-BARACUDA_HOST_DEVICE inline void visible_key_range(const BlockSparseAttentionArgs& a, int64_t i,
-                                                   int64_t& lo, int64_t& hi) {
-  const int64_t pos = i + a.position_offset;
-  hi = a.k_len;
+// The keys [lo, hi) that row i of batch b may see by position (its keys,
+// causal and window); an empty range has lo == hi.
+BARACUDA_HOST_DEVICE inline void visible_key_range(const BlockSparseAttentionArgs& a, int64_t b,
+                                                   int64_t i, int64_t& lo, int64_t& hi) {
+  const int64_t pos = i + position_offset(a, b);
+  hi = keys_of(a, b);
   if (a.causal && pos + 1 < hi) hi = pos + 1;
   if (a.window_right != kUnboundedWindow && pos + a.window_right + 1 < hi) {
     hi = pos + a.window_right + 1;
@@ -196,13 +213,13 @@ BARACUDA_HOST_DEVICE inline void visible_key_range(const BlockSparseAttentionArg
   if (hi < lo) hi = lo;
 }
 
-// The rows [lo, hi) that may see key j by position: the inverse of
-// visible_key_range.
-BARACUDA_HOST_DEVICE inline void visible_row_range(const BlockSparseAttentionArgs& a, int64_t j,
-                                                   int64_t& lo, int64_t& hi) {
+// The rows [lo, hi) of batch b that may see key j by position: the inverse
+// of visible_key_range.
+BARACUDA_HOST_DEVICE inline void visible_row_range(const BlockSparseAttentionArgs& a, int64_t b,
+                                                   int64_t j, int64_t& lo, int64_t& hi) {
   lo = 0;
-  hi = a.q_len;
-  const int64_t at = j - a.position_offset;  // the row whose position is j
+  hi = j < keys_of(a, b) ? a.q_len : 0;
+  const int64_t at = j - position_offset(a, b);  // the row whose position is j
   if (a.causal && at > lo) lo = at;
   if (a.window_right != kUnboundedWindow && at - a.window_right > lo) lo = at - a.window_right;
   if (a.window_left != kUnboundedWindow && at + a.window_left + 1 < hi) {
@@ -250,7 +267,7 @@ BARACUDA_HOST_DEVICE inline void for_each_visible_key(const BlockSparseAttention
                                                       int64_t h, int64_t i, Fn&& fn) {
   const uint8_t* row = mask_row(a, b, h, i / a.block_q);
   int64_t lo, hi;
-  visible_key_range(a, i, lo, hi);
+  visible_key_range(a, b, i, lo, hi);
   for (int64_t kb = lo / a.block_k; kb * a.block_k < hi; ++kb) {
     if (!key_block_on(a, row, kb)) continue;
     const int64_t j_begin = lo > kb * a.block_k ? lo : kb * a.block_k;

@@ -65,11 +65,11 @@ std::tuple<at::Tensor, at::Tensor> block_sparse_attention(
     std::optional<c10::SymInt> window_left, std::optional<c10::SymInt> window_right,
     const std::optional<at::Tensor>& q_document_ids,
     const std::optional<at::Tensor>& kv_document_ids, const std::optional<at::Tensor>& partial_index,
-    const std::optional<at::Tensor>& partial_bits) {
+    const std::optional<at::Tensor>& partial_bits, const std::optional<at::Tensor>& kv_lens) {
   const AttentionProblem p = validate_attention(kOp, q_in, k_in, v_in, block_mask, block_q,
                                                 block_k, scale, is_causal,
                                                 ElementArguments{causal_align, window_left, window_right, q_document_ids, kv_document_ids,
-                                                 partial_index, partial_bits});
+                                                 partial_index, partial_bits, kv_lens});
   const int64_t B = q_in.size(0), H = q_in.size(1), Lq = q_in.size(2), Dv = v_in.size(3);
   at::Tensor out = at::empty({B, H, Lq, Dv}, q_in.options());
   at::Tensor lse = at::empty({B, H, Lq}, q_in.options().dtype(attention_lse_dtype(q_in.scalar_type())));
@@ -114,11 +114,11 @@ std::string block_sparse_attention_path(const at::Tensor& q, const at::Tensor& k
     std::optional<c10::SymInt> window_left, std::optional<c10::SymInt> window_right,
     const std::optional<at::Tensor>& q_document_ids,
     const std::optional<at::Tensor>& kv_document_ids, const std::optional<at::Tensor>& partial_index,
-    const std::optional<at::Tensor>& partial_bits) {
+    const std::optional<at::Tensor>& partial_bits, const std::optional<at::Tensor>& kv_lens) {
   const AttentionProblem p = validate_attention(kOp, q, k, v, block_mask, block_q, block_k, scale,
                                                 is_causal,
                                                 ElementArguments{causal_align, window_left, window_right, q_document_ids, kv_document_ids,
-                                                 partial_index, partial_bits});
+                                                 partial_index, partial_bits, kv_lens});
   return path_name(plan(p).path);
 }
 

@@ -139,7 +139,28 @@ AttentionProblem validate_attention(const char* op, const at::Tensor& q, const a
   const c10::string_view align = element.causal_align;
   TORCH_CHECK(align == "top_left" || align == "bottom_right", "baracuda::", op,
               ": causal_align=\"", std::string(align), "\" must be \"top_left\" or \"bottom_right\"");
-  p.position_offset = align == "bottom_right" ? k.size(2) - Lq : 0;
+  p.bottom_right = align == "bottom_right";
+  if (element.kv_lens.has_value()) {
+    const at::Tensor& n = *element.kv_lens;
+    TORCH_CHECK(n.layout() == at::kStrided &&
+                    (n.scalar_type() == at::kInt || n.scalar_type() == at::kLong),
+                "baracuda::", op, ": kv_lens must be a strided int32 or int64 tensor, got ",
+                n.scalar_type());
+    TORCH_CHECK(n.device() == q.device(), "baracuda::", op, ": kv_lens is on ", n.device(),
+                " but q is on ", q.device());
+    TORCH_CHECK(n.dim() == 1 && n.size(0) == B, "baracuda::", op, ": kv_lens.shape=", n.sizes(),
+                " must be [", B, "] (one length per batch row)");
+    p.kv_lens = n.to(at::kLong).contiguous();
+    if (p.kv_lens.is_cpu() && B > 0) {
+      // Host lengths are checked; device ones are clamped to [0, S_max] by
+      // the kernels (checking them would cost a host sync per call).
+      const int64_t* len = p.kv_lens.const_data_ptr<int64_t>();
+      for (int64_t b = 0; b < B; ++b) {
+        TORCH_CHECK(len[b] >= 0 && len[b] <= k.size(2), "baracuda::", op, ": kv_lens[", b,
+                    "]=", len[b], " must be in [0, ", k.size(2), "] (the cache's length)");
+      }
+    }
+  }
   p.window_left = window_side(op, "window_left", element.window_left);
   p.window_right = window_side(op, "window_right", element.window_right);
   const bool has_q_ids = element.q_document_ids.has_value();
@@ -176,7 +197,8 @@ BlockSparseAttentionArgs attention_args(const AttentionProblem& p, const at::Ten
   a.num_k_blocks = p.num_k_blocks;
   a.scale = p.scale;
   a.causal = p.causal;
-  a.position_offset = p.position_offset;
+  a.bottom_right = p.bottom_right;
+  a.kv_lens = p.kv_lens.defined() ? p.kv_lens.const_data_ptr<int64_t>() : nullptr;
   a.window_left = p.window_left;
   a.window_right = p.window_right;
   if (p.q_documents.defined()) {

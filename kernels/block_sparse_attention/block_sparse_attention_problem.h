@@ -26,6 +26,7 @@ struct ElementArguments {
   std::optional<c10::SymInt> window_left, window_right;
   std::optional<at::Tensor> q_document_ids, kv_document_ids;
   std::optional<at::Tensor> partial_index, partial_bits;
+  std::optional<at::Tensor> kv_lens;
 };
 
 // A validated call: the inputs, the mask as a 4-D view, and the element
@@ -35,10 +36,11 @@ struct AttentionProblem {
   int64_t block_q, block_k, num_q_blocks, num_k_blocks;
   double scale;
   bool causal;
-  int64_t position_offset = 0;
+  bool bottom_right = false;
   int64_t window_left = kUnboundedWindow, window_right = kUnboundedWindow;
   at::Tensor q_documents, kv_documents;  // int64, contiguous rows; undefined without ids
   at::Tensor partial_index, partial_bits;  // an exact mask's; undefined without
+  at::Tensor kv_lens;                      // int64 [batch]; undefined without
 };
 
 // Checks a call's arguments; `op` names the op in error messages.
