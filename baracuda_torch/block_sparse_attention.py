@@ -76,8 +76,10 @@ class ExactMask(NamedTuple):
     k_len: int
 
 
-def _mask_arguments(q: Tensor, k: Tensor, block_mask, block_size) -> tuple:
-    """(tiles, block_q, block_k, partial_index, partial_bits) for the ops."""
+def _mask_arguments(q: Tensor, k: Tensor, block_mask, block_size, document_ids=None) -> tuple:
+    """(tiles, block_q, block_k, partial_index, partial_bits) for the ops. With
+    document ids, a tile mask (or None) also loses the tiles whose rows and
+    keys share no document (masks.document_tiles): they are skipped."""
     if isinstance(block_mask, ExactMask):
         bq, bk = block_mask.block_size
         if block_size is not None and block_sizes(block_size) != (bq, bk):
@@ -90,7 +92,31 @@ def _mask_arguments(q: Tensor, k: Tensor, block_mask, block_size) -> tuple:
         return block_mask.tiles, bq, bk, block_mask.partial_index, block_mask.partial_bits
     bq, bk = block_sizes(64 if block_size is None else block_size)
     tiles = _all_blocks(q, k, bq, bk) if block_mask is None else block_mask
+    if _well_formed(q, k, tiles, bq, bk, document_ids):
+        from .masks import document_tiles  # masks imports this module
+
+        nbq, nbk = -(-q.shape[2] // bq), -(-k.shape[2] // bk)
+        tiles = document_tiles(*document_ids, (bq, bk)) & tiles.bool().reshape(
+            tiles.shape[0], tiles.shape[1], nbq, nbk)
     return tiles, bq, bk, None, None
+
+
+def _well_formed(q: Tensor, k: Tensor, tiles: Tensor, bq: int, bk: int, document_ids) -> bool:
+    """Whether there are document ids, and they and the tile mask have the
+    shapes the op accepts (if not, the op's own checks name the problem)."""
+    if not isinstance(document_ids, (tuple, list)) or len(document_ids) != 2:
+        return False
+    q_ids, kv_ids = document_ids
+    if not (isinstance(q_ids, Tensor) and isinstance(kv_ids, Tensor)):
+        return False
+    B, H, Lq, Lk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    ids_ok = all(t.dim() == 2 and t.shape[0] in (1, B) and t.shape[1] == n and
+                 not t.is_floating_point() and t.device == q.device
+                 for t, n in ((q_ids, Lq), (kv_ids, Lk)))
+    nbq, nbk = -(-Lq // bq), -(-Lk // bk)
+    tiles_ok = (tiles.dim() in (3, 4) and tiles.shape[0] in (1, B) and tiles.shape[1] in (1, H)
+                and tiles.shape[2:].numel() == nbq * nbk and tiles.device == q.device)
+    return ids_ok and tiles_ok
 
 
 def _all_blocks(q: Tensor, k: Tensor, bq: int, bk: int) -> Tensor:
@@ -177,7 +203,7 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, block_mask=None, *,
         >>> m = masks.sliding_window(4096, 4096, window=1024, block_size=128, sink_blocks=1)
         >>> out = block_sparse_attention(q, k, v, m.cuda(), block_size=128, is_causal=True)
     """
-    tiles, bq, bk, index, bits = _mask_arguments(q, k, block_mask, block_size)
+    tiles, bq, bk, index, bits = _mask_arguments(q, k, block_mask, block_size, document_ids)
     out, lse = _OPS.block_sparse_attention.default(
         q, k, v, tiles, bq, bk, scale, is_causal,
         *_element_arguments(causal_align, window, document_ids), index, bits, kv_lens)
@@ -192,7 +218,7 @@ def block_sparse_attention_path(q: Tensor, k: Tensor, v: Tensor, block_mask=None
     """Which executor :func:`block_sparse_attention` runs these arguments on:
     ``"cpu"``, ``"cuda_generic"``, ``"cuda_wgmma"`` (Hopper tensor cores) or
     ``"cuda_tensor_core"`` (mma.sync, other tensor-core GPUs)."""
-    tiles, bq, bk, index, bits = _mask_arguments(q, k, block_mask, block_size)
+    tiles, bq, bk, index, bits = _mask_arguments(q, k, block_mask, block_size, document_ids)
     return _OPS.block_sparse_attention_path.default(
         q, k, v, tiles, bq, bk, scale, is_causal,
         *_element_arguments(causal_align, window, document_ids), index, bits, kv_lens)

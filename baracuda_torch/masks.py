@@ -24,8 +24,8 @@ from torch import Tensor
 
 from .block_sparse_attention import BlockSize, ExactMask, block_sizes
 
-__all__ = ["ExactMask", "bigbird", "causal", "dilated", "exact", "from_dense", "from_flex",
-           "num_blocks", "random", "sliding_window", "to_dense"]
+__all__ = ["ExactMask", "bigbird", "causal", "dilated", "document_tiles", "exact", "from_dense",
+           "from_flex", "num_blocks", "random", "sliding_window", "to_dense"]
 
 
 def num_blocks(q_len: int, k_len: int, block_size: BlockSize):
@@ -131,6 +131,29 @@ def random(q_len: int, k_len: int, block_size: BlockSize = 64, *, density: float
     head. Shape ``[batch, heads, nbq, nbk]``."""
     nbq, nbk = num_blocks(q_len, k_len, block_size)
     return (torch.rand((batch, heads, nbq, nbk), generator=generator) < density).to(device)
+
+
+def document_tiles(q_ids: Tensor, kv_ids: Tensor, block_size: BlockSize = 64) -> Tensor:
+    """The tiles where some query and some key may share a document id:
+    ``[B, 1, nbq, nbk]`` bool from ids ``[B or 1, Lq]`` and ``[B or 1, Lk]``.
+    A tile is kept when the id ranges of its rows and its keys overlap, which
+    never drops a pair with equal ids (and is exact for packed documents,
+    whose ids rise along the sequence). Torch ops on the ids' device, no host
+    sync. block_sparse_attention ANDs it into a tile mask by itself when given
+    ``document_ids``, so the tiles between documents are skipped."""
+    bq, bk = block_sizes(block_size)
+
+    def ranges(ids, block):
+        """Per block of positions, the least and greatest id; the last block
+        is padded with its own last id, which changes neither."""
+        n = -(-ids.shape[-1] // block)
+        pad = ids[:, -1:].expand(ids.shape[0], n * block - ids.shape[-1])
+        blocks = torch.cat([ids, pad], dim=1).long().view(ids.shape[0], n, block)
+        return blocks.amin(-1), blocks.amax(-1)
+
+    q_lo, q_hi = ranges(q_ids, bq)
+    k_lo, k_hi = ranges(kv_ids, bk)
+    return ((q_lo[:, :, None] <= k_hi[:, None, :]) & (k_lo[:, None, :] <= q_hi[:, :, None]))[:, None]
 
 
 def from_dense(mask: Tensor, block_size: BlockSize = 64) -> ExactMask:

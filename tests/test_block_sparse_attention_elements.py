@@ -486,3 +486,22 @@ def test_kv_lens_decode_loop_in_a_cuda_graph():
         want = torch.nn.functional.scaled_dot_product_attention(q, k_cache[:, :, :n],
                                                                 v_cache[:, :, :n])
         torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+
+
+def test_document_tiles(device):
+    """Tiles whose rows and keys share no document are dropped (exactly so
+    for packed documents); none that holds a visible pair ever is."""
+    g = torch.Generator().manual_seed(50)
+    packed = documents(3, 300, 7, seed=51, device=device)
+    shuffled = torch.randint(0, 4, (1, 300), generator=g).to(device)
+    for ids, exact_for_packed in ((packed, True), (shuffled, False)):
+        tiles = masks.document_tiles(ids, ids, (64, 48))
+        same = (ids[:, :, None] == ids[:, None, :]).cpu()
+        any_pair = masks.from_dense(same[:, None], (64, 48)).tiles
+        assert tiles.shape == any_pair.shape
+        assert not (any_pair & ~tiles.cpu()).any()
+        if exact_for_packed:
+            assert torch.equal(tiles.cpu(), any_pair)
+    q, k, v = inputs(3, 2, 2, 300, 300, 32, 32, torch.float32, device, seed=52)
+    m = random_mask(1, 2, 300, 300, (64, 48), device, density=0.8, seed=53)
+    check(q, k, v, m, (64, 48), is_causal=True, document_ids=(packed, packed))
