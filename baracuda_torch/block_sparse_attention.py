@@ -74,10 +74,16 @@ class ExactMask(NamedTuple):
     block_size: Tuple[int, int]  # (block_q, block_k) it was built for
     q_len: int
     k_len: int
+    # The mask is its tiles with top-left causal masking (a causal Flex mask,
+    # say): it then runs as (tiles, is_causal), on the tensor cores.
+    causal: bool = False
 
 
-def _mask_arguments(q: Tensor, k: Tensor, block_mask, block_size, document_ids=None) -> tuple:
-    """(tiles, block_q, block_k, partial_index, partial_bits) for the ops. With
+def _mask_arguments(q: Tensor, k: Tensor, block_mask, block_size, document_ids=None,
+                    causal_align: str = "top_left") -> tuple:
+    """(tiles, block_q, block_k, partial_index, partial_bits, causal) for the
+    ops; causal: the mask is (tiles, top-left causal). An exact mask without
+    partial tiles, or one that is its tiles made causal, needs no bits. With
     document ids, a tile mask (or None) also loses the tiles whose rows and
     keys share no document (masks.document_tiles): they are skipped."""
     if isinstance(block_mask, ExactMask):
@@ -89,7 +95,12 @@ def _mask_arguments(q: Tensor, k: Tensor, block_mask, block_size, document_ids=N
             raise ValueError(f"block_sparse_attention: the exact mask was built for q_len="
                              f"{block_mask.q_len}, k_len={block_mask.k_len}; got q_len="
                              f"{q.shape[2]}, k_len={k.shape[2]}")
-        return block_mask.tiles, bq, bk, block_mask.partial_index, block_mask.partial_bits
+        top_left = causal_align == "top_left" or q.shape[2] == k.shape[2]
+        if block_mask.partial_bits.shape[0] == 0:
+            return block_mask.tiles, bq, bk, None, None, False
+        if block_mask.causal and top_left:
+            return block_mask.tiles, bq, bk, None, None, True
+        return block_mask.tiles, bq, bk, block_mask.partial_index, block_mask.partial_bits, False
     bq, bk = block_sizes(64 if block_size is None else block_size)
     tiles = _all_blocks(q, k, bq, bk) if block_mask is None else block_mask
     if _well_formed(q, k, tiles, bq, bk, document_ids):
@@ -98,7 +109,7 @@ def _mask_arguments(q: Tensor, k: Tensor, block_mask, block_size, document_ids=N
         nbq, nbk = -(-q.shape[2] // bq), -(-k.shape[2] // bk)
         tiles = document_tiles(*document_ids, (bq, bk)) & tiles.bool().reshape(
             tiles.shape[0], tiles.shape[1], nbq, nbk)
-    return tiles, bq, bk, None, None
+    return tiles, bq, bk, None, None, False
 
 
 def _well_formed(q: Tensor, k: Tensor, tiles: Tensor, bq: int, bk: int, document_ids) -> bool:
@@ -203,9 +214,10 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, block_mask=None, *,
         >>> m = masks.sliding_window(4096, 4096, window=1024, block_size=128, sink_blocks=1)
         >>> out = block_sparse_attention(q, k, v, m.cuda(), block_size=128, is_causal=True)
     """
-    tiles, bq, bk, index, bits = _mask_arguments(q, k, block_mask, block_size, document_ids)
+    tiles, bq, bk, index, bits, causal = _mask_arguments(q, k, block_mask, block_size,
+                                                         document_ids, causal_align)
     out, lse = _OPS.block_sparse_attention.default(
-        q, k, v, tiles, bq, bk, scale, is_causal,
+        q, k, v, tiles, bq, bk, scale, is_causal or causal,
         *_element_arguments(causal_align, window, document_ids), index, bits, kv_lens)
     return (out, lse) if return_lse else out
 
@@ -218,9 +230,10 @@ def block_sparse_attention_path(q: Tensor, k: Tensor, v: Tensor, block_mask=None
     """Which executor :func:`block_sparse_attention` runs these arguments on:
     ``"cpu"``, ``"cuda_generic"``, ``"cuda_wgmma"`` (Hopper tensor cores) or
     ``"cuda_tensor_core"`` (mma.sync, other tensor-core GPUs)."""
-    tiles, bq, bk, index, bits = _mask_arguments(q, k, block_mask, block_size, document_ids)
+    tiles, bq, bk, index, bits, causal = _mask_arguments(q, k, block_mask, block_size,
+                                                         document_ids, causal_align)
     return _OPS.block_sparse_attention_path.default(
-        q, k, v, tiles, bq, bk, scale, is_causal,
+        q, k, v, tiles, bq, bk, scale, is_causal or causal,
         *_element_arguments(causal_align, window, document_ids), index, bits, kv_lens)
 
 
@@ -229,7 +242,8 @@ def attention_flops(q: Tensor, k: Tensor, v: Tensor, block_mask,
     """Matmul FLOPs of the (query, key) pairs the call computes: ``2 (D + Dv)``
     per visible pair (QK^T and PV), summed over the tiles that are on -- the
     work done, for TFLOP/s figures."""
-    block_mask, bq, bk, _, _ = _mask_arguments(q, k, block_mask, block_size)
+    block_mask, bq, bk, _, _, causal = _mask_arguments(q, k, block_mask, block_size)
+    is_causal = is_causal or causal
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     nbq, nbk = math.ceil(Lq / bq), math.ceil(Lk / bk)

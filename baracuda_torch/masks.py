@@ -198,7 +198,28 @@ def exact(tiles: Tensor, partial: Tensor, tile_bits, block_size: BlockSize, q_le
         torch.arange(32, device=partial.device))
     packed = (bits.view(slots, bq, words, 32).long() * weights).sum(-1)
     packed = torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
-    return ExactMask(tiles.bool(), index, packed, (bq, bk), int(q_len), int(k_len))
+    causal = _is_tiles_and_causal(tiles.bool(), partial, where, bits[..., :bk], (bq, bk), q_len,
+                                  k_len)
+    return ExactMask(tiles.bool(), index, packed, (bq, bk), int(q_len), int(k_len), causal)
+
+
+def _is_tiles_and_causal(tiles, partial, where, bits, block_size, q_len, k_len) -> bool:
+    """Whether the mask is its tiles with top-left causal masking: every full
+    tile wholly at or below the diagonal, every partial tile's bits the
+    diagonal's. Such a mask runs as (tiles, is_causal) on the tensor cores."""
+    bq, bk = block_size
+    device = tiles.device
+    nbq, nbk = tiles.shape[-2:]
+    first_row = torch.arange(nbq, device=device)[:, None] * bq
+    last_key = torch.clamp(torch.arange(nbk, device=device)[None, :] * bk + bk, max=k_len) - 1
+    full_ok = not (tiles & ~partial & (last_key > first_row)).any()
+    if not full_ok or where[0].numel() == 0:
+        return full_ok
+    rows = where[2][:, None] * bq + torch.arange(bq, device=device)
+    keys = where[3][:, None] * bk + torch.arange(bk, device=device)
+    inside = (rows < q_len)[:, :, None] & (keys < k_len)[:, None, :]
+    diagonal = (keys[:, None, :] <= rows[:, :, None]) & inside
+    return bool(torch.equal(bits, diagonal))
 
 
 def from_flex(block_mask) -> ExactMask:

@@ -505,3 +505,29 @@ def test_document_tiles(device):
     q, k, v = inputs(3, 2, 2, 300, 300, 32, 32, torch.float32, device, seed=52)
     m = random_mask(1, 2, 300, 300, (64, 48), device, density=0.8, seed=53)
     check(q, k, v, m, (64, 48), is_causal=True, document_ids=(packed, packed))
+
+
+def test_exact_masks_that_need_no_bits_run_as_tiles(device):
+    """A causal Flex mask is its tiles made causal, and a block-aligned mask
+    has no partial tiles: both run as tile masks (the tensor-core path where
+    the shape allows), with the same results."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    L = 320
+    causal = masks.from_flex(create_block_mask(lambda b, h, q, kv: q >= kv, None, None, L, L,
+                                               device=device.type, BLOCK_SIZE=64))
+    aligned = masks.from_dense(masks.to_dense(masks.causal(L, L, 64), L, L, 64).to(device), 64)
+    assert causal.causal and causal.partial_bits.shape[0] > 0
+    assert aligned.partial_bits.shape[0] == 0 and not aligned.causal
+    q, k, v = inputs(1, 2, 2, L, L, 64, 64, torch.bfloat16, device, seed=60)
+    tiles = bt.block_sparse_attention_path(q, k, v, causal.tiles, block_size=64, is_causal=True)
+    for exact in (causal, aligned):
+        assert bt.block_sparse_attention_path(q, k, v, exact) == tiles
+        check_exact(q, k, v, exact)
+    # With bottom-right causal on top and Lq != Lk the conversion would be
+    # wrong: the bits stay.
+    qs = q[:, :, :100]
+    short = masks.from_flex(create_block_mask(lambda b, h, q, kv: q >= kv, None, None, 100, L,
+                                              device=device.type, BLOCK_SIZE=64))
+    assert short.causal
+    check_exact(qs, k, v, short, is_causal=True, causal_align="bottom_right")
