@@ -237,14 +237,17 @@ def from_flex(block_mask) -> ExactMask:
     mask_mod = block_mask.mask_mod
     device = partial.device
 
+    # mask_mod takes scalar index tensors, as Flex calls it: vmapped over a
+    # tile's keys, then its rows, then the tiles.
+    per_tile = torch.vmap(torch.vmap(torch.vmap(mask_mod, in_dims=(None, None, None, 0)),
+                                     in_dims=(None, None, 0, None)), in_dims=(0, 0, 0, 0))
+
     def tile_bits(b, h, qb, kb):
         rows = qb[:, None] * bq + torch.arange(bq, device=device)  # [n, bq]
         keys = kb[:, None] * bk + torch.arange(bk, device=device)  # [n, bk]
         inside = (rows < q_len)[:, :, None] & (keys < k_len)[:, None, :]
-        # mask_mod broadcasts over index tensors, as under Flex's vmap.
-        bits = mask_mod(b[:, None, None], h[:, None, None], rows.clamp(max=q_len - 1)[:, :, None],
-                        keys.clamp(max=k_len - 1)[:, None, :])
-        return torch.as_tensor(bits, device=device).bool().expand(inside.shape) & inside
+        bits = per_tile(b, h, rows.clamp(max=q_len - 1), keys.clamp(max=k_len - 1))
+        return bits.bool() & inside
 
     return exact(partial | full, partial, tile_bits, (bq, bk), q_len, k_len)
 

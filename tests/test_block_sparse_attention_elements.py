@@ -286,10 +286,16 @@ def _flex_mask_mods(L, device):
     def from_table(b, h, q, kv):
         return table[q, kv] | (h == 1)
 
-    return [documents_causal, window_and_prefix, from_table]
+    coarse = torch.rand(L // 16 + 1, L // 8 + 1, generator=g).to(device) < 0.5
+
+    def chained_index(b, h, q, kv):
+        # Scalar semantics (an index of an index), as Flex's vmap calls it.
+        return coarse[q // 16][kv // 8] & (q >= kv)
+
+    return [documents_causal, window_and_prefix, from_table, chained_index]
 
 
-@pytest.mark.parametrize("which", [0, 1, 2])
+@pytest.mark.parametrize("which", [0, 1, 2, 3])
 def test_from_flex_is_exact(device, which):
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -298,7 +304,9 @@ def test_from_flex_is_exact(device, which):
     bm = create_block_mask(mask_mod, 1, 2, L, L, device=device.type, BLOCK_SIZE=(64, 32))
     exact = masks.from_flex(bm)
     i = torch.arange(L, device=device)
-    want = torch.stack([mask_mod(0, h, i[:, None], i[None, :]) for h in (0, 1)])[None]
+    dense = torch.vmap(torch.vmap(mask_mod, in_dims=(None, None, None, 0)),
+                       in_dims=(None, None, 0, None))
+    want = torch.stack([dense(torch.tensor(0), torch.tensor(h), i, i) for h in (0, 1)])[None]
     assert torch.equal(masks.to_dense(exact, L, L), want.expand(1, 2, L, L))
     for dtype in (torch.float32, torch.bfloat16):
         q, k, v = inputs(1, 2, 1, L, L, 64, 64, dtype, device, seed=34)
