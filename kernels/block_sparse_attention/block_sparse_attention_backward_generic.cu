@@ -143,16 +143,10 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32)
     for (int c = 0; c < kPerLane; ++c) dq[c] = 0;
     const T* kbase = k + b * a.k_strides[0] + g * a.k_strides[1];
     const T* vbase = v + b * a.v_strides[0] + g * a.v_strides[1];
-    const uint8_t* mrow = mask_row(a, b, h, i / a.block_q);
-    int64_t key_lo, key_hi;
-    visible_key_range(a, b, i, key_lo, key_hi);
-    // A row that saw no key visits none now either (its walk is empty).
-    if (st.lse_log2 == static_cast<C>(INFINITY)) key_hi = key_lo;
-    for (int64_t kb = key_lo / a.block_k; kb * a.block_k < key_hi; ++kb) {
-      if (!key_block_on(a, mrow, kb)) continue;  // uniform across the warp
-      const int64_t j_end = min(key_hi, (kb + 1) * a.block_k);
-      for (int64_t j = max(key_lo, kb * a.block_k); j < j_end; ++j) {
-        if (!element_visible(a, b, h, i, j)) continue;  // uniform across the warp
+    // The forward's walk (uniform across the warp); a row that saw no key
+    // visits none now either.
+    if (st.lse_log2 != static_cast<C>(INFINITY)) {
+      for_each_visible_key(a, b, h, i, [&](int64_t j) {
         const T* kj = kbase + j * a.k_strides[2];
         const C s = dot_lanes(qr, kj, a.k_strides[3], a.head_dim, lane);
         const C dp = dot_lanes(dor, vbase + j * a.v_strides[2], a.v_strides[3], a.v_dim, lane);
@@ -162,7 +156,7 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32)
           const int64_t d = lane + 32 * c;
           if (d < a.head_dim) dq[c] += ds * to_compute(kj[d * a.k_strides[3]]);
         }
-      }
+      });
     }
     store_lanes(static_cast<T*>(ba.grad_q) + row * a.head_dim, dq, a.head_dim, lane,
                 static_cast<C>(a.scale));

@@ -51,35 +51,29 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32)
       acc[c] = 0;
     }
     C m = -static_cast<C>(INFINITY), l = 0;
-    const uint8_t* mrow = mask_row(a, b, h, i / a.block_q);
-    int64_t key_lo, key_hi;
-    visible_key_range(a, b, i, key_lo, key_hi);
-    for (int64_t kb = key_lo / a.block_k; kb * a.block_k < key_hi; ++kb) {
-      if (!key_block_on(a, mrow, kb)) continue;  // uniform across the warp
-      const int64_t j_end = min(key_hi, (kb + 1) * a.block_k);
-      for (int64_t j = max(key_lo, kb * a.block_k); j < j_end; ++j) {
-        if (!element_visible(a, b, h, i, j)) continue;  // uniform across the warp
-        const T* kj = kbase + j * a.k_strides[2];
-        C part = 0;
+    // The walk is the same for every lane of the warp (one row), so its
+    // branches are uniform and warp_sum sees all 32 lanes.
+    for_each_visible_key(a, b, h, i, [&](int64_t j) {
+      const T* kj = kbase + j * a.k_strides[2];
+      C part = 0;
 #pragma unroll
-        for (int c = 0; c < kPerLane; ++c) {
-          const int64_t d = lane + 32 * c;
-          if (d < a.head_dim) part += qr[c] * to_compute(kj[d * a.k_strides[3]]);
-        }
-        const C s = warp_sum(part);
-        const C m_new = max(m, s);
-        const C corr = exp2(m - m_new);  // 0 on the first key (m = -inf)
-        const C p = exp2(s - m_new);
-        l = l * corr + p;
-        const T* vj = vbase + j * a.v_strides[2];
-#pragma unroll
-        for (int c = 0; c < kPerLane; ++c) {
-          const int64_t e = lane + 32 * c;
-          if (e < a.v_dim) acc[c] = acc[c] * corr + p * to_compute(vj[e * a.v_strides[3]]);
-        }
-        m = m_new;
+      for (int c = 0; c < kPerLane; ++c) {
+        const int64_t d = lane + 32 * c;
+        if (d < a.head_dim) part += qr[c] * to_compute(kj[d * a.k_strides[3]]);
       }
-    }
+      const C s = warp_sum(part);
+      const C m_new = max(m, s);
+      const C corr = exp2(m - m_new);  // 0 on the first key (m = -inf)
+      const C p = exp2(s - m_new);
+      l = l * corr + p;
+      const T* vj = vbase + j * a.v_strides[2];
+#pragma unroll
+      for (int c = 0; c < kPerLane; ++c) {
+        const int64_t e = lane + 32 * c;
+        if (e < a.v_dim) acc[c] = acc[c] * corr + p * to_compute(vj[e * a.v_strides[3]]);
+      }
+      m = m_new;
+    });
     // Only a row that saw no key has l == 0: the empty state, lse = -inf. A
     // NaN score leaves l NaN, which then reaches both outputs.
     const bool empty = l == C(0);
