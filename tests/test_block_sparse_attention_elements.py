@@ -155,16 +155,22 @@ def test_rows_without_keys_get_zero_gradients(device):
 
 
 def test_executor_choice(device):
-    # Element conditions run the generic kernel (the tensor-core kernels take
-    # none yet); bottom-right causal with Lq == Lk is top-left causal.
+    # Position conditions (windows, bottom-right causal, kv_lens) run on the
+    # tensor cores; per-element tests (document ids) on the generic kernel.
+    # Bottom-right causal with Lq == Lk is top-left causal.
     q, k, v = inputs(1, 2, 2, 128, 192, 64, 64, torch.bfloat16, device, seed=12)
     ids = torch.zeros(1, 128, dtype=torch.int64, device=device)
     kv_ids = torch.zeros(1, 192, dtype=torch.int64, device=device)
-    generic = "cpu" if device.type == "cpu" else "cuda_generic"
-    for conditions in (dict(window=(32, 0)), dict(document_ids=(ids, kv_ids)),
-                       dict(causal_align="bottom_right", is_causal=True)):
+    plain = bt.block_sparse_attention_path(q, k, v, None, block_size=64)
+    assert plain in (("cpu",) if device.type == "cpu" else ("cuda_wgmma", "cuda_tensor_core"))
+    lens = torch.tensor([100], device=device)
+    for conditions in (dict(window=(32, 0)), dict(causal_align="bottom_right", is_causal=True),
+                       dict(kv_lens=lens)):
         assert bt.block_sparse_attention_path(q, k, v, None, block_size=64, **conditions) == \
-            generic, conditions
+            plain, conditions
+    generic = "cpu" if device.type == "cpu" else "cuda_generic"
+    assert bt.block_sparse_attention_path(q, k, v, None, block_size=64,
+                                          document_ids=(ids, kv_ids)) == generic
     square = q, q, q
     assert bt.block_sparse_attention_path(*square, None, block_size=64, is_causal=True,
                                           causal_align="bottom_right") == \
@@ -455,6 +461,51 @@ def test_kv_lens_compiled_decode_does_not_recompile(device):
         lens = torch.tensor([n, max(n - 3, 0)], device=device)
         torch.testing.assert_close(compiled(q, k, v, lens), step(q, k, v, lens))
     assert len(frames) == 1
+
+
+@pytest.mark.parametrize("Lq, D", [(1, 128), (5, 64), (16, 128)])
+@pytest.mark.parametrize("executor", ["default", "mma_sync"])
+def test_decode_over_a_long_cache(device, Lq, D, executor, monkeypatch):
+    """Few queries per head over a long cache: on CUDA the tensor-core
+    kernels pack a key head's query heads into one tile and split the keys
+    across CTAs, merging the partial states. Each row is compared with
+    attention over its sliced cache; NaN junk past the lengths is never
+    read; a key-block mask shared by the heads and a window ride along."""
+    if executor == "mma_sync":
+        if device.type == "cpu":
+            pytest.skip("an executor choice of CUDA")
+        monkeypatch.setenv("BARACUDA_DISABLE_WGMMA", "1")
+    B, H, Hkv, S = 3, 8, 2, 2500
+    lens = torch.tensor([2500, 1, 1333])
+    q, k, v = inputs(B, H, Hkv, Lq, S, D, D, torch.bfloat16, device, seed=45)
+    for b, n in enumerate(lens.tolist()):
+        k[b, :, n:] = float("nan")
+        v[b, :, n:] = float("nan")
+    g = torch.Generator().manual_seed(46)
+    blocks = torch.rand(B, 1, 1, -(-S // 128), generator=g) < 0.7
+    blocks[:, :, :, 0] = True
+    for causal, window, m in ((True, None, None), (False, None, None), (True, (700, 0), None),
+                              (True, None, blocks)):
+        out, lse = bt.block_sparse_attention(
+            q, k, v, None if m is None else m.to(device), block_size=128, is_causal=causal,
+            causal_align="bottom_right", window=window, kv_lens=lens.to(device),
+            return_lse=True)
+        for b, n in enumerate(lens.tolist()):
+            dense = element_mask(1, H, Lq, n, is_causal=causal, causal_align="bottom_right",
+                                 window=window)
+            if m is not None:
+                dense = dense & m[b:b + 1].repeat_interleave(128, -1)[..., :n]
+            want_out, want_lse = reference_attention(q[b:b + 1].double().cpu(),
+                                                     k[b:b + 1, :, :n].double().cpu(),
+                                                     v[b:b + 1, :, :n].double().cpu(), dense)
+            torch.testing.assert_close(out[b:b + 1].double().cpu(), want_out,
+                                       **tol(torch.bfloat16))
+            torch.testing.assert_close(lse[b:b + 1].double().cpu(), want_lse,
+                                       **lse_tol(torch.bfloat16))
+        again = bt.block_sparse_attention(
+            q, k, v, None if m is None else m.to(device), block_size=128, is_causal=causal,
+            causal_align="bottom_right", window=window, kv_lens=lens.to(device))
+        assert torch.equal(again, out)  # the split and its merge are deterministic
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -46,10 +46,12 @@ at::Tensor compute_operand(const at::Tensor& t) {
 }
 
 #ifdef BARACUDA_WITH_CUDA
-// The wgmma backward takes the problems the Hopper forward takes;
-// everything else runs the generic executor.
+// The wgmma backward takes the problems the Hopper forward takes without
+// position conditions; everything else runs the generic executor.
 bool use_hopper_backward(const AttentionProblem& p) {
-  return tensor_core_shape(p) && !env_flag("BARACUDA_DISABLE_WGMMA") &&
+  return tensor_core_shape(p) &&
+         !has_position_conditions(attention_args(p, p.q, p.k, p.v, at::Tensor(), at::Tensor())) &&
+         !env_flag("BARACUDA_DISABLE_WGMMA") &&
          block_sparse_attention_hopper_available(p.q.get_device());
 }
 #endif

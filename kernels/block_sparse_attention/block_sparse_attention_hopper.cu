@@ -86,11 +86,22 @@ __device__ inline void consume(const BlockSparseAttentionArgs& a, int64_t q_tile
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
     OnlineSoftmaxRows softmax;
+    const LaneRowKeys row_keys(a, qt.b, row_g);
     // Scores of key tile `tile` in s -> P in s (running max and sums updated).
     auto softmax_of = [&](int tile) {
       register_fence(s);
-      scale_and_mask<N / 8>(s, a, scale_log2, int64_t{tile} * N, wg_row0, row_g, t4);
+      scale_and_mask<N / 8>(s, scale_log2, tile * N, row_keys, t4);
       softmax.update<N / 8>(s, corr);
+    };
+    // With per-batch key counts, the rows of a V tile past this batch's keys
+    // hold whatever the cache holds there (NaN, say); P is 0 for them, but
+    // 0 * NaN is NaN, so they are zeroed before the P V MMAs read the tile.
+    auto wait_values = [&](int stage, uint32_t parity, int tile) {
+      mbarrier_wait(&ring.v_full[stage], parity);
+      if (a.kv_lens != nullptr) {
+        const int first_junk = static_cast<int>(keys_of(a, qt.b)) - tile * N;
+        if (first_junk < N) zero_rows_from<T, D, N>(ring.v + stage * N * D, first_junk, wg);
+      }
     };
 
     int entry = wait_entry();
@@ -109,6 +120,7 @@ __device__ inline void consume(const BlockSparseAttentionArgs& a, int64_t q_tile
       softmax_of(entry & ~kLastTile);  // o is still 0: no rescale
       pack_p();
       int prev = stage;  // stage of the tile whose P is in p
+      int prev_tile = entry & ~kLastTile;
       uint32_t prev_parity = (it / STAGES) & 1;
       ++it;
       while (!(entry & kLastTile)) {
@@ -116,7 +128,7 @@ __device__ inline void consume(const BlockSparseAttentionArgs& a, int64_t q_tile
         stage = it % STAGES;
         wgmma_fence();
         issue_scores<T, D, M, N>(s, q_rows, ring.k + stage * N * D);
-        mbarrier_wait(&ring.v_full[prev], prev_parity);
+        wait_values(prev, prev_parity, prev_tile);
         issue_values<T, D, N>(o, p, ring.v + prev * N * D);
         wgmma_wait<1>();  // the scores are in; P V may still run
         if (entry & kLastTile) release(ring.q_empty);
@@ -128,10 +140,11 @@ __device__ inline void consume(const BlockSparseAttentionArgs& a, int64_t q_tile
         OnlineSoftmaxRows::rescale<D / 8>(o, corr);
         pack_p();
         prev = stage;
+        prev_tile = entry & ~kLastTile;
         prev_parity = (it / STAGES) & 1;
         ++it;
       }
-      mbarrier_wait(&ring.v_full[prev], prev_parity);
+      wait_values(prev, prev_parity, prev_tile);
       wgmma_fence();
       issue_values<T, D, N>(o, p, ring.v + prev * N * D);
       wgmma_wait<0>();
@@ -187,7 +200,7 @@ KernelStatus launch(const BlockSparseAttentionArgs& a, int* work_counter, cudaSt
       kConsumers > 1 && HopperLayout<D, M, N, 3>::kAllocBytes <= 227 * 1024 ? 3 : 2;
   using L = HopperLayout<D, M, N, kStages>;
   const int64_t q_tiles = ceil_div(a.q_len, M);
-  const int64_t items = q_tiles * a.batch * a.heads;
+  const int64_t items = q_tiles * a.batch * a.heads * a.kv_splits;
   if (items == 0) return KernelStatus::ok();
   if (items > 0x7fffffff) return KernelStatus::invalid("too many query tiles for one grid");
   CUtensorMap q_map, k_map, v_map;

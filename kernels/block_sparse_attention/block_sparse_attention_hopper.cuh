@@ -130,6 +130,32 @@ __device__ inline void issue_values(float (&o)[D / 2], const uint32_t (&p)[N / 1
   wgmma_commit();
 }
 
+// Zeroes rows [first_row, N) of an N x D tile in the 128-byte swizzled
+// layout (whole 128-byte rows, which the swizzle permutes only within
+// themselves) for the MMAs of warpgroup `wg`, which all of its 128 threads
+// call. The zeros reach the tensor cores through the async proxy, ordered
+// by the fence and the warpgroup's barrier. Another warpgroup zeroing the
+// same rows at the same time writes the same zeros.
+template <typename T, int D, int N>
+__device__ inline void zero_rows_from(T* tile, int first_row, int wg) {
+  if (first_row < 0) first_row = 0;
+  constexpr int kChunks = kPanel * 2 / 16;  // 16-byte chunks per 128-byte row
+  // Chunk idx of the tile: panel idx / (N kChunks), then row, then chunk.
+  for (int idx = first_row * kChunks + threadIdx.x % 128; idx < (D / kPanel) * N * kChunks;
+       idx += 128) {
+    if (idx % (N * kChunks) >= first_row * kChunks) {
+      *reinterpret_cast<uint4*>(tile + idx * 8) = make_uint4(0, 0, 0, 0);
+    }
+  }
+  fence_proxy_async_shared();
+  // Immediate barrier ids: a register id would make ptxas reserve all 16.
+  if (wg == 0) {
+    asm volatile("bar.sync 1, 128;\n" ::: "memory");
+  } else {
+    asm volatile("bar.sync 2, 128;\n" ::: "memory");
+  }
+}
+
 // What the producer publishes in tile_of[stage] with each ring entry: a key
 // tile index, flagged when it is the work item's last, or kNoTile for an
 // item that visits no key tile at all (the entry then carries no data).
@@ -182,7 +208,7 @@ __device__ inline void produce(const QueryOperands<kQOperands>& query, const CUt
                                int64_t q_tiles, int* work_counter, const Ring<T>& ring) {
   using L = HopperLayout<D, M, N, STAGES, kQOperands>;
   constexpr int kPanels = D / kPanel;
-  const int64_t items = q_tiles * a.batch * a.heads;
+  const int64_t items = q_tiles * a.batch * a.heads * a.kv_splits;
   int64_t item = blockIdx.x;
   StageCursor<STAGES> stages{ring.empty};
   auto next_stage = [&] { return stages.next(); };

@@ -413,6 +413,7 @@ __device__ inline void consume_query_tiles(const BlockSparseAttentionBackwardArg
     const float* delta_rows = static_cast<const float*>(ba.delta) + scratch;
     const float lse[2] = {lse_rows[row_g], lse_rows[row_g + 8]};
     const float delta[2] = {delta_rows[row_g], delta_rows[row_g + 8]};
+    const LaneRowKeys row_keys(a, qt.b, row_g);
     float dq[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) dq[i] = 0.f;
@@ -439,7 +440,7 @@ __device__ inline void consume_query_tiles(const BlockSparseAttentionBackwardArg
       // the producer may load the next item's.
       if (entry & kLastTile) release(ring.q_empty);
       const int tile = entry & ~kLastTile;
-      scale_and_mask<N / 8>(s, a, scale_log2, int64_t{tile} * N, wg_row0, row_g, t4);
+      scale_and_mask<N / 8>(s, scale_log2, tile * N, row_keys, t4);
 #pragma unroll
       for (int i = 0; i < N / 2; ++i) {
         const int r = (i >> 1) & 1;
@@ -570,9 +571,10 @@ KernelStatus launch_for_blocks(const BlockSparseAttentionBackwardArgs& ba, int* 
                                cudaStream_t s) {
   const BlockSparseAttentionArgs& a = ba.forward;
   // 64 keys (one warpgroup) per dK / dV item. The kernel also takes 128-key
-  // items (two warpgroups, for key blocks of 128); they are not selected until
-  // they have been measured against 64-key items on a GPU. 128 query rows per
-  // dQ item where the query block allows it.
+  // items (two warpgroups, for key blocks of 128): on the H200 they ran
+  // 1.13-1.14x faster at D 128 and 1.01x at D 64 (B 4, H 16, L 8192, dense
+  // and causal), short of the 1.15x a second variant must earn, so they are
+  // not selected. 128 query rows per dQ item where the query block allows it.
   const KernelStatus kv = launch_grad_kv<T, D, 1>(ba, counters, s);
   if (!kv.is_ok()) return kv;
   return a.block_q % 128 == 0 ? launch_grad_q<T, D, 2>(ba, counters + 1, s)
@@ -593,7 +595,8 @@ KernelStatus block_sparse_attention_backward_hopper_cuda(const BlockSparseAttent
   BlockSparseAttentionArgs layout = ba.forward;  // the alignment test of the forward's operands
   layout.out = const_cast<void*>(ba.grad_out);  // only its address is tested
   std::copy(ba.grad_out_strides, ba.grad_out_strides + 4, layout.out_strides);
-  if (tensor_core_tile_rows(layout) == 0 || ba.rows_stride % 128 != 0) {
+  if (tensor_core_tile_rows(layout) == 0 || has_element_conditions(layout) ||
+      ba.rows_stride % 128 != 0) {
     return KernelStatus::invalid("problem not eligible for the Hopper backward kernels");
   }
   const auto s = static_cast<cudaStream_t>(stream);

@@ -57,6 +57,18 @@ struct BlockSparseAttentionArgs {
   int64_t partial_index_strides[4] = {};
   const uint32_t* partial_bits = nullptr;
   int64_t bit_words = 0;  // ceil(block_k / 32)
+  // Packed query heads (tensor-core forward only): q_period > 0 says that
+  // the rows of one (batch, head) are the queries of several heads one
+  // after the other, row i being query i % q_period of its head; positions
+  // follow that query index. 0: row i is query i.
+  int64_t q_period = 0;
+  // Split keys (tensor-core forward only, flash-decoding): with kv_splits >
+  // 1 every query tile runs kv_splits times, split s over the keys [s
+  // split_keys, (s + 1) split_keys) (split_keys a multiple of the key
+  // tile), and writes a partial state -- out as float32, lse -- at out +
+  // s out_split_stride and lse + s lse_split_stride, for a merge to combine.
+  int64_t kv_splits = 1, split_keys = 0;
+  int64_t out_split_stride = 0, lse_split_stride = 0;
   const void* q = nullptr;  // [batch, heads, q_len, head_dim]
   const void* k = nullptr;  // [batch, kv_heads, k_len, head_dim]
   const void* v = nullptr;  // [batch, kv_heads, k_len, v_dim]
@@ -105,15 +117,15 @@ struct BlockSparseAttentionBackwardArgs {
 // Which executor a call runs on.
 enum class AttentionPath : int { kHost, kCudaGeneric, kCudaTensorCore, kCudaHopper };
 
-// Rows of one CTA of the tensor-core kernel for this problem, 0 when that
-// kernel cannot run it: float16/bfloat16, head_dim == v_dim in {64, 128},
+// Rows of one CTA of the tensor-core forward kernels for this problem, 0
+// when they cannot run it: float16/bfloat16, head_dim == v_dim in {64, 128},
 // block_q a multiple of 64, block_k a multiple of 64 (the kernel's key tile),
-// no element conditions beyond top-left causal, unit inner strides and
-// 16-byte aligned rows of q, k, v and out.
-inline bool has_element_conditions(const BlockSparseAttentionArgs& a);
+// no per-element tests (document ids, exact-mask bits; position conditions
+// are fine), unit inner strides and 16-byte aligned rows of q, k, v and out.
+BARACUDA_HOST_DEVICE inline bool has_element_tests(const BlockSparseAttentionArgs& a);
 
 inline int tensor_core_tile_rows(const BlockSparseAttentionArgs& a) {
-  if (has_element_conditions(a)) return 0;
+  if (has_element_tests(a)) return 0;
   const bool half = a.dtype == FloatDtype::kFloat16 || a.dtype == FloatDtype::kBFloat16;
   if (!half || a.head_dim != a.v_dim || (a.head_dim != 64 && a.head_dim != 128)) return 0;
   if (a.block_k % 64 != 0 || a.block_q % 64 != 0) return 0;
@@ -136,6 +148,11 @@ KernelStatus block_sparse_attention_generic_cuda(const BlockSparseAttentionArgs&
 // The mma.sync kernel; only for problems with tensor_core_tile_rows(a) > 0.
 KernelStatus block_sparse_attention_tensor_core_cuda(const BlockSparseAttentionArgs& a,
                                                      void* stream);
+// How many key splits (kv_splits) the tensor-core forward kernels should
+// run problem `a` with on the current device: 1 when its query tiles fill
+// the GPU, else as many as keep a wave of CTAs busy, each split at least a
+// few key tiles long.
+int64_t tensor_core_key_splits(const BlockSparseAttentionArgs& a);
 // The wgmma + TMA kernel for the same problems, on Hopper GPUs. Its grid is
 // persistent and hands out work through `work_counter`, one int32 in device
 // memory that must be zero when the kernel starts.
@@ -169,12 +186,22 @@ bool block_sparse_attention_hopper_available(int device);
 //
 // Shared by every executor so they agree on which keys are computed.
 
-// Whether the call has conditions finer than whole blocks other than
-// top-left causal: the tensor-core executors take none of them.
-inline bool has_element_conditions(const BlockSparseAttentionArgs& a) {
-  return a.q_documents != nullptr || a.partial_index != nullptr || a.kv_lens != nullptr ||
-         a.window_left != kUnboundedWindow || a.window_right != kUnboundedWindow ||
-         (a.causal && a.bottom_right && a.q_len != a.k_len);
+// Conditions that hold a key visible by position alone (per-batch key
+// counts, a window, bottom-right causal), beyond top-left causal: every
+// executor but the Hopper backward takes them.
+BARACUDA_HOST_DEVICE inline bool has_position_conditions(const BlockSparseAttentionArgs& a) {
+  return a.kv_lens != nullptr || a.window_left != kUnboundedWindow ||
+         a.window_right != kUnboundedWindow || (a.causal && a.bottom_right && a.q_len != a.k_len);
+}
+
+// Conditions tested per element (document ids, an exact mask's bits): only
+// the host and generic executors take them.
+BARACUDA_HOST_DEVICE inline bool has_element_tests(const BlockSparseAttentionArgs& a) {
+  return a.q_documents != nullptr || a.partial_index != nullptr;
+}
+
+BARACUDA_HOST_DEVICE inline bool has_element_conditions(const BlockSparseAttentionArgs& a) {
+  return has_position_conditions(a) || has_element_tests(a);
 }
 
 // The keys batch b sees: kv_lens[b] clamped to [0, k_len], else k_len.
@@ -184,25 +211,26 @@ BARACUDA_HOST_DEVICE inline int64_t keys_of(const BlockSparseAttentionArgs& a, i
   return n < 0 ? 0 : (n < a.k_len ? n : a.k_len);
 }
 
-// Row i's key position minus i in batch b.
+// Queries per head: q_len, or q_period with packed heads.
+BARACUDA_HOST_DEVICE inline int64_t queries_per_head(const BlockSparseAttentionArgs& a) {
+  return a.q_period > 0 ? a.q_period : a.q_len;
+}
+
+// A query's key position minus its index in batch b.
 BARACUDA_HOST_DEVICE inline int64_t position_offset(const BlockSparseAttentionArgs& a, int64_t b) {
-  return a.bottom_right ? keys_of(a, b) - a.q_len : 0;
+  return a.bottom_right ? keys_of(a, b) - queries_per_head(a) : 0;
 }
 
-// One past the last key visible to any of the query rows [.., last_row]:
-// with causal attention, keys beyond the last row are never visible. For
-// the tensor-core executors (top-left causal, no window).
-BARACUDA_HOST_DEVICE inline int64_t visible_key_end(const BlockSparseAttentionArgs& a,
-                                                    int64_t last_row) {
-  if (!a.causal) return a.k_len;
-  return last_row + 1 < a.k_len ? last_row + 1 : a.k_len;
+// The key position of row i in batch b.
+BARACUDA_HOST_DEVICE inline int64_t row_position(const BlockSparseAttentionArgs& a, int64_t b,
+                                                 int64_t i) {
+  return (a.q_period > 0 ? i % a.q_period : i) + position_offset(a, b);
 }
 
-// The keys [lo, hi) that row i of batch b may see by position (its keys,
-// causal and window); an empty range has lo == hi.
-BARACUDA_HOST_DEVICE inline void visible_key_range(const BlockSparseAttentionArgs& a, int64_t b,
-                                                   int64_t i, int64_t& lo, int64_t& hi) {
-  const int64_t pos = i + position_offset(a, b);
+// The keys [lo, hi) that a query at key position pos in batch b may see by
+// position (its keys, causal and window); an empty range has lo == hi.
+BARACUDA_HOST_DEVICE inline void position_key_range(const BlockSparseAttentionArgs& a, int64_t b,
+                                                    int64_t pos, int64_t& lo, int64_t& hi) {
   hi = keys_of(a, b);
   if (a.causal && pos + 1 < hi) hi = pos + 1;
   if (a.window_right != kUnboundedWindow && pos + a.window_right + 1 < hi) {
@@ -210,6 +238,33 @@ BARACUDA_HOST_DEVICE inline void visible_key_range(const BlockSparseAttentionArg
   }
   lo = 0;
   if (a.window_left != kUnboundedWindow && pos - a.window_left > lo) lo = pos - a.window_left;
+  if (hi < lo) hi = lo;
+}
+
+// The keys [lo, hi) that row i of batch b may see by position.
+BARACUDA_HOST_DEVICE inline void visible_key_range(const BlockSparseAttentionArgs& a, int64_t b,
+                                                   int64_t i, int64_t& lo, int64_t& hi) {
+  position_key_range(a, b, row_position(a, b, i), lo, hi);
+}
+
+// The keys [lo, hi) that any of the rows [first, last] of batch b may see
+// by position. Ranges only move forward with the position, so the first
+// row's start and the last row's end bound them; packed rows that wrap
+// around a head's queries span all of them.
+BARACUDA_HOST_DEVICE inline void rows_key_range(const BlockSparseAttentionArgs& a, int64_t b,
+                                                int64_t first, int64_t last, int64_t& lo,
+                                                int64_t& hi) {
+  int64_t p_first, p_last;
+  if (a.q_period > 0 && first / a.q_period != last / a.q_period) {
+    p_first = position_offset(a, b);
+    p_last = p_first + a.q_period - 1;
+  } else {
+    p_first = row_position(a, b, first);
+    p_last = row_position(a, b, last);
+  }
+  int64_t unused;
+  position_key_range(a, b, p_first, lo, unused);
+  position_key_range(a, b, p_last, unused, hi);
   if (hi < lo) hi = lo;
 }
 

@@ -15,6 +15,7 @@
 
 #include "block_sparse_attention/block_sparse_attention_kernels.h"
 #include "block_sparse_attention/block_sparse_attention_problem.h"
+#include "block_sparse_attention/block_sparse_attention_tensor_core_plan.h"
 #include "common/torch_glue.h"
 
 namespace baracuda {
@@ -86,14 +87,10 @@ std::tuple<at::Tensor, at::Tensor> block_sparse_attention(
     void* stream = current_cuda_stream(q_in);
     KernelStatus status = KernelStatus::ok();
     switch (pl.path) {
-      case AttentionPath::kCudaHopper: {
-        // The persistent kernel's work counter starts at zero on every call.
-        at::Tensor counter = at::zeros({1}, q_in.options().dtype(at::kInt));
-        status = block_sparse_attention_hopper_cuda(a, counter.data_ptr<int>(), stream);
-        break;
-      }
+      case AttentionPath::kCudaHopper:
       case AttentionPath::kCudaTensorCore:
-        status = block_sparse_attention_tensor_core_cuda(a, stream);
+        status = run_tensor_core_forward(a, pl.path == AttentionPath::kCudaHopper, pl.q, out_c,
+                                         lse, stream);
         break;
       default: status = block_sparse_attention_generic_cuda(a, stream); break;
     }

@@ -242,7 +242,7 @@ bool tensor_core_shape(const AttentionProblem& p) {
   const int64_t D = p.q.size(3);
   return (s == at::kHalf || s == at::kBFloat16) && p.v.size(3) == D && (D == 64 || D == 128) &&
          p.block_q % 64 == 0 && p.block_k % 64 == 0 &&
-         !has_element_conditions(attention_args(p, p.q, p.k, p.v, at::Tensor(), at::Tensor()));
+         !has_element_tests(attention_args(p, p.q, p.k, p.v, at::Tensor(), at::Tensor()));
 }
 
 bool env_flag(const char* name) {

@@ -69,9 +69,10 @@ BlockSparseAttentionArgs attention_args(const AttentionProblem& p, const at::Ten
 // that is copied once into a fresh contiguous buffer.
 at::Tensor tensor_core_ready(const at::Tensor& t);
 
-// Whether the problem fits the tensor-core kernels apart from their layout
-// needs: float16 / bfloat16, head_dim == v_dim in {64, 128}, blocks that
-// are multiples of 64, and no element conditions beyond top-left causal.
+// Whether the problem fits the tensor-core forward kernels apart from their
+// layout needs: float16 / bfloat16, head_dim == v_dim in {64, 128}, blocks
+// that are multiples of 64, and no per-element tests (document ids, exact
+// mask bits); position conditions are fine.
 bool tensor_core_shape(const AttentionProblem& p);
 
 // Whether environment variable `name` is set to anything but "" or "0".

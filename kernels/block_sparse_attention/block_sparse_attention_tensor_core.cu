@@ -6,7 +6,7 @@
 // block_q, so the tile lies in one query block) of one (batch, head); each
 // warp owns 16 rows and keeps their Q fragments, running max / sum and output
 // accumulator in registers. The CTA walks only the key tiles (64 keys) whose
-// mask block is on -- and, with causal attention, only up to the diagonal --
+// mask block is on -- and only those its rows may see by position --
 // loading each K/V tile into shared memory with cp.async, double-buffered
 // so the next tile streams in while the current one is multiplied.
 //
@@ -21,6 +21,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -120,12 +121,15 @@ __global__ void __launch_bounds__(M / 16 * 32)
   const T* kg = static_cast<const T*>(a.k) + b * a.k_strides[0] + kvh * a.k_strides[1];
   const T* vg = static_cast<const T*>(a.v) + b * a.v_strides[0] + kvh * a.v_strides[1];
 
+  // Keys past the batch's count are zero-filled like those past k_len: the
+  // cache may hold anything there (NaN, say), and 0 * NaN is NaN.
+  const int64_t keys = keys_of(a, b);
   int tile = walk.next(0);
   load_tile<M, D, kThreads>(sq, qg, a.q_strides[2], q0, a.q_len);
   if (tile < n_tiles) {
     const int64_t key0 = int64_t{tile} * kKeyTile;
-    load_tile<kKeyTile, D, kThreads>(sk, kg, a.k_strides[2], key0, a.k_len);
-    load_tile<kKeyTile, D, kThreads>(sv, vg, a.v_strides[2], key0, a.k_len);
+    load_tile<kKeyTile, D, kThreads>(sk, kg, a.k_strides[2], key0, keys);
+    load_tile<kKeyTile, D, kThreads>(sv, vg, a.v_strides[2], key0, keys);
   }
   cp_async_commit();
 
@@ -135,6 +139,7 @@ __global__ void __launch_bounds__(M / 16 * 32)
 #pragma unroll
   for (int i = 0; i < 4 * kOTiles; ++i) o[i] = 0.f;
   OnlineSoftmaxRows softmax;
+  const LaneRowKeys row_keys(a, b, q0 + warp * 16 + g);
   bool q_in_registers = false;
   int stage = 0;
 
@@ -144,8 +149,8 @@ __global__ void __launch_bounds__(M / 16 * 32)
       T* nk = sk + (stage ^ 1) * kKeyTile * D;
       T* nv = sv + (stage ^ 1) * kKeyTile * D;
       const int64_t next_key0 = int64_t{next} * kKeyTile;
-      load_tile<kKeyTile, D, kThreads>(nk, kg, a.k_strides[2], next_key0, a.k_len);
-      load_tile<kKeyTile, D, kThreads>(nv, vg, a.v_strides[2], next_key0, a.k_len);
+      load_tile<kKeyTile, D, kThreads>(nk, kg, a.k_strides[2], next_key0, keys);
+      load_tile<kKeyTile, D, kThreads>(nv, vg, a.v_strides[2], next_key0, keys);
     }
     cp_async_commit();  // possibly empty: keeps "all but the newest group" meaning this stage
     cp_async_wait<1>();
@@ -177,8 +182,7 @@ __global__ void __launch_bounds__(M / 16 * 32)
       }
     }
 
-    scale_and_mask<kSTiles>(s, a, scale_log2, int64_t{tile} * kKeyTile, q0, q0 + warp * 16 + g,
-                            t4);
+    scale_and_mask<kSTiles>(s, scale_log2, tile * kKeyTile, row_keys, t4);
     float corr[2];
     softmax.update<kSTiles>(s, corr);
     OnlineSoftmaxRows::rescale<kOTiles>(o, corr);
@@ -210,7 +214,7 @@ __global__ void __launch_bounds__(M / 16 * 32)
 template <typename T, int D, int M>
 KernelStatus launch(const BlockSparseAttentionArgs& a, cudaStream_t stream) {
   const int64_t q_tiles = ceil_div(a.q_len, M);
-  const int64_t ctas = q_tiles * a.batch * a.heads;
+  const int64_t ctas = q_tiles * a.batch * a.heads * a.kv_splits;
   if (ctas == 0) return KernelStatus::ok();
   if (ctas > 0x7fffffff) return KernelStatus::invalid("too many query tiles for one grid");
   constexpr int kSmem = (M * D + 4 * kKeyTile * D) * static_cast<int>(sizeof(T));
@@ -230,6 +234,20 @@ KernelStatus launch_for_dtype(const BlockSparseAttentionArgs& a, int rows, cudaS
 }
 
 }  // namespace
+
+int64_t tensor_core_key_splits(const BlockSparseAttentionArgs& a) {
+  // Two 64-row CTAs or one 128-row CTA per SM run at once (the Hopper
+  // kernel's residency; the mma.sync kernel's is no lower).
+  constexpr int64_t kMinSplitKeys = 512;  // a split's Q load and state write stay small next to it
+  const int rows = tensor_core_tile_rows(a);
+  if (rows == 0) return 1;
+  const int64_t wave = multiprocessors() * (rows == 64 ? 2 : 1);
+  const int64_t tiles = ceil_div(a.q_len, rows) * a.batch * a.heads;
+  if (tiles == 0 || tiles * 2 > wave) return 1;
+  // As many splits as fit in one wave: a second, partial wave would cost a
+  // whole split's time for a few CTAs.
+  return std::max<int64_t>(1, std::min(wave / tiles, a.k_len / kMinSplitKeys));
+}
 
 KernelStatus block_sparse_attention_tensor_core_cuda(const BlockSparseAttentionArgs& a,
                                                      void* stream) {

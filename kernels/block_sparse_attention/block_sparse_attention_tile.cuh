@@ -34,9 +34,11 @@ __device__ inline uint32_t pack2(float lo, float hi) {
   }
 }
 
-// The M query rows [q0, q0 + M) of one (batch, head) a CTA owns.
+// The M query rows [q0, q0 + M) of one (batch, head) a CTA owns, and the
+// keys [key_begin, key_end) of its split (all keys without splits).
 struct QueryTile {
   int64_t b, h, kv_head, q0, q_last;
+  int64_t split, key_begin, key_end;
 };
 
 // Work order: (batch, head) outermost, so the tiles that run at the same
@@ -44,9 +46,17 @@ struct QueryTile {
 // come from L2 rather than from memory (tile-rank outermost spread them over
 // every head, and a random mask then read most K/V tiles from memory once per
 // query tile). With causal attention a head's last tiles (the most keys) go
-// first.
-__device__ inline QueryTile query_tile(const BlockSparseAttentionArgs& a, int64_t cta,
+// first. The splits of a query tile are consecutive items.
+__device__ inline QueryTile query_tile(const BlockSparseAttentionArgs& a, int64_t item,
                                        int64_t q_tiles, int M) {
+  // Items number below 2^31 (the launchers check): 32-bit division, which
+  // also keeps the consumers' register budget where it was without splits.
+  int64_t split = 0, cta = item;
+  if (a.kv_splits > 1) {
+    const int i = static_cast<int>(item), n = static_cast<int>(a.kv_splits);
+    split = i % n;
+    cta = i / n;
+  }
   const int64_t bh = cta / q_tiles, rank = cta % q_tiles;
   const int64_t qt = a.causal ? q_tiles - 1 - rank : rank;
   QueryTile t;
@@ -55,28 +65,42 @@ __device__ inline QueryTile query_tile(const BlockSparseAttentionArgs& a, int64_
   t.kv_head = t.h / (a.heads / a.kv_heads);
   t.q0 = qt * M;
   t.q_last = min(t.q0 + M, a.q_len) - 1;
+  t.split = split;
+  t.key_begin = a.kv_splits > 1 ? split * a.split_keys : 0;
+  t.key_end = a.kv_splits > 1 ? min(t.key_begin + a.split_keys, a.k_len) : a.k_len;
   return t;
 }
 
 // The key tiles (`tile_keys` keys each, a divisor of block_k) a query tile
-// visits: those of mask blocks that are on, up to the last visible key.
-// Every thread reads the same mask bytes, so the walk is uniform. Tile
-// indices are 32-bit (the kernels address keys with 32-bit coordinates), which
-// keeps the division per mask probe cheap: a sparse mask makes a producer
-// probe many blocks per tile it finds.
+// visits: those of mask blocks that are on, inside the keys its rows may see
+// by position (and its split's). Every thread reads the same mask bytes, so
+// the walk is uniform. Tile indices are 32-bit (the kernels address keys
+// with 32-bit coordinates), which keeps the division per mask probe cheap:
+// a sparse mask makes a producer probe many blocks per tile it finds.
 struct KeyTileWalk {
   const BlockSparseAttentionArgs& a;
   const uint8_t* mask_row;
-  int n_tiles, tiles_per_block;
+  int first_tile, n_tiles, tiles_per_block;
 
   __device__ KeyTileWalk(const BlockSparseAttentionArgs& args, const QueryTile& t, int tile_keys)
       : a(args),
         mask_row(baracuda::mask_row(args, t.b, t.h, t.q0 / args.block_q)),
-        n_tiles(static_cast<int>((visible_key_end(args, t.q_last) + tile_keys - 1) / tile_keys)),
-        tiles_per_block(static_cast<int>(args.block_k / tile_keys)) {}
+        tiles_per_block(static_cast<int>(args.block_k / tile_keys)) {
+    int64_t lo = 0, hi = args.causal ? min(t.q_last + 1, args.k_len) : args.k_len;
+    if (has_position_conditions(args) || args.q_period > 0 || args.kv_splits > 1) {
+      rows_key_range(args, t.b, t.q0, t.q_last, lo, hi);
+      lo = max(lo, t.key_begin);
+      hi = min(hi, t.key_end);
+    }
+    // 32-bit from here: keys are (0 <= lo, hi <= k_len < 2^31).
+    const int first = static_cast<int>(lo), end = static_cast<int>(hi);
+    first_tile = first / tile_keys;
+    n_tiles = end > first ? (end + tile_keys - 1) / tile_keys : first_tile;
+  }
 
   // First tile at or after `t` whose mask block is on (n_tiles if none).
   __device__ int next(int t) const {
+    if (t < first_tile) t = first_tile;
     while (t < n_tiles) {
       const int kb = t / tiles_per_block;
       if (key_block_on(a, mask_row, kb)) return t;
@@ -86,30 +110,45 @@ struct KeyTileWalk {
   }
 };
 
+// The keys [lo, hi) that a lane's rows row_g (r = 0) and row_g + 8 (r = 1)
+// may see by position, for scale_and_mask; 32-bit, as the kernels' key
+// coordinates are (0 <= lo <= hi <= k_len).
+struct LaneRowKeys {
+  int lo[2], hi[2];
+
+  __device__ LaneRowKeys(const BlockSparseAttentionArgs& a, int64_t b, int64_t row_g) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      int64_t l, h;
+      visible_key_range(a, b, row_g + 8 * r, l, h);
+      lo[r] = static_cast<int>(l);
+      hi[r] = static_cast<int>(h);
+    }
+  }
+};
+
 // Scores of one key tile (SJ 8-key groups from key0) into log2 units. Keys
-// past k_len and, with causal attention, after the row are hidden (-inf);
-// only a tile that reaches past k_len or past the diagonal of the tile's
-// first row `row0` needs the test. row_g: this lane's first row.
+// outside a row's position range (past its batch's keys, after it with
+// causal attention, outside its window) are hidden (-inf); only a tile that
+// reaches outside the lane's ranges needs the test.
 template <int SJ>
-__device__ inline void scale_and_mask(float (&s)[4 * SJ], const BlockSparseAttentionArgs& a,
-                                      float scale_log2, int64_t key0, int64_t row0,
-                                      int64_t row_g, int t4) {
-  const bool edge = key0 + 8 * SJ > a.k_len || (a.causal && key0 + 8 * SJ - 1 > row0);
+__device__ inline void scale_and_mask(float (&s)[4 * SJ], float scale_log2, int key0,
+                                      const LaneRowKeys& rows, int t4) {
+  const bool edge = max(rows.lo[0], rows.lo[1]) > key0 ||
+                    min(rows.hi[0], rows.hi[1]) < key0 + 8 * SJ;
   if (!edge) {  // the common case, kept free of the per-element tests
 #pragma unroll
     for (int i = 0; i < 4 * SJ; ++i) s[i] *= scale_log2;
     return;
   }
   // Key key0 + c sits in column c; this lane's columns are 8 j + 2 t4 + {0, 1}.
-  const int64_t keys_left = a.k_len - key0 - 2 * t4;
-  const int64_t diagonal = row_g - key0 - 2 * t4;  // row - key for j = 0, e = 0
 #pragma unroll
   for (int j = 0; j < SJ; ++j) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int c = j * 8 + (e & 1);  // column minus 2 t4
-      const bool hidden =
-          c >= keys_left || (a.causal && c > diagonal + (e >> 1) * 8);
+      const int key = key0 + j * 8 + 2 * t4 + (e & 1);
+      const int r = e >> 1;
+      const bool hidden = key < rows.lo[r] || key >= rows.hi[r];
       s[4 * j + e] = hidden ? -INFINITY : s[4 * j + e] * scale_log2;
     }
   }
@@ -165,12 +204,26 @@ struct OnlineSoftmaxRows {
   }
 
   // Normalises and stores rows row_g and row_g + 8 (those below q_len) of
-  // out and lse; an empty row is (0, -inf).
+  // out and lse; an empty row is (0, -inf). With split keys, the split's
+  // partial state, out in float32.
   template <typename T, int OJ>
   __device__ void store(const BlockSparseAttentionArgs& a, const QueryTile& t,
                         const float (&o)[4 * OJ], int64_t row_g, int t4) const {
-    T* og = static_cast<T*>(a.out) + t.b * a.out_strides[0] + t.h * a.out_strides[1];
-    float* lg = static_cast<float*>(a.lse) + t.b * a.lse_strides[0] + t.h * a.lse_strides[1];
+    if (a.kv_splits > 1) {
+      store_rows<float, OJ>(a, t, o, row_g, t4, t.split * a.out_split_stride,
+                            t.split * a.lse_split_stride);
+    } else {
+      store_rows<T, OJ>(a, t, o, row_g, t4, 0, 0);
+    }
+  }
+
+  template <typename O, int OJ>
+  __device__ void store_rows(const BlockSparseAttentionArgs& a, const QueryTile& t,
+                             const float (&o)[4 * OJ], int64_t row_g, int t4, int64_t out_offset,
+                             int64_t lse_offset) const {
+    O* og = static_cast<O*>(a.out) + out_offset + t.b * a.out_strides[0] + t.h * a.out_strides[1];
+    float* lg = static_cast<float*>(a.lse) + lse_offset + t.b * a.lse_strides[0] +
+                t.h * a.lse_strides[1];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float l = row_sum[r];
@@ -182,11 +235,15 @@ struct OnlineSoftmaxRows {
       // a NaN score leaves l NaN, which then reaches out and lse.
       const bool empty = l == 0.f;
       const float inv = empty ? 0.f : 1.f / l;
-      T* orow = og + row * a.out_strides[2];
+      O* orow = og + row * a.out_strides[2];
 #pragma unroll
       for (int j = 0; j < OJ; ++j) {
-        *reinterpret_cast<uint32_t*>(orow + j * 8 + t4 * 2) =
-            pack2<T>(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
+        const float lo = o[4 * j + 2 * r] * inv, hi = o[4 * j + 2 * r + 1] * inv;
+        if constexpr (std::is_same<O, float>::value) {
+          *reinterpret_cast<float2*>(orow + j * 8 + t4 * 2) = make_float2(lo, hi);
+        } else {
+          *reinterpret_cast<uint32_t*>(orow + j * 8 + t4 * 2) = pack2<O>(lo, hi);
+        }
       }
       if (t4 == 0) {
         lg[row * a.lse_strides[2]] = empty ? -INFINITY : (row_max[r] + log2f(l)) * kLn2;
