@@ -126,9 +126,12 @@ __device__ inline void consume(const BlockSparseAttentionArgs& a, int64_t q_tile
       while (!(entry & kLastTile)) {
         entry = wait_entry();
         stage = it % STAGES;
+        // V is waited for (and its junk rows zeroed) while no MMA is in
+        // flight: code that may diverge between the issues of in-flight
+        // MMAs makes the compiler serialise every wgmma of the kernel.
+        wait_values(prev, prev_parity, prev_tile);
         wgmma_fence();
         issue_scores<T, D, M, N>(s, q_rows, ring.k + stage * N * D);
-        wait_values(prev, prev_parity, prev_tile);
         issue_values<T, D, N>(o, p, ring.v + prev * N * D);
         wgmma_wait<1>();  // the scores are in; P V may still run
         if (entry & kLastTile) release(ring.q_empty);
