@@ -177,8 +177,8 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, block_mask=None, *,
             default 64, an exact mask's own with one (give no other). Any
             positive sizes are correct; multiples of 64 take the tensor-core
             path on CUDA for float16/bfloat16 with ``D = Dv`` in {64, 128}
-            (without window, document ids or bottom-right causal, which run
-            the generic kernel for now).
+            (without document ids or partial exact-mask tiles, which run the
+            generic kernel).
         scale: score scale, default ``1 / sqrt(D)``.
         is_causal: hide keys after the query's position; key blocks past it
             are skipped.
