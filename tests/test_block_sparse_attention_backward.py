@@ -281,7 +281,8 @@ def _hopper(device):
 @pytest.mark.parametrize("block_size", [64, 128, (128, 64), (64, 128), (256, 128)])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("wgmma", [True, False])
+# The generic executor on these shapes is the slow tier: other tests cover it.
+@pytest.mark.parametrize("wgmma", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_tensor_core_shapes_backward(device, monkeypatch, block_size, D, dtype, wgmma):
     """The shapes the Hopper wgmma backward takes (by default on Hopper), and
     the generic executor on them with wgmma disabled: uneven lengths,

@@ -120,6 +120,11 @@ def float32_quick(dtypes):
     return [d if d == torch.float32 else pytest.param(d, marks=pytest.mark.slow) for d in dtypes]
 
 
+# The two 16-bit dtypes share every kernel of the sweeps that take them:
+# bfloat16 in the quick tier, float16 in the slow one.
+BFLOAT16_QUICK = [pytest.param(torch.float16, marks=pytest.mark.slow), torch.bfloat16]
+
+
 def check(name, x, dim, reverse, dtype=None):
     dtype = dtype or x.dtype
     got = ours(name, x, dim, reverse)
@@ -748,7 +753,7 @@ def check_grad_along_rows(name, x, dy):
             torch.testing.assert_close(got.double().cpu(), ref.cpu(), **tol(x.dtype, x.shape[-1]))
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", BFLOAT16_QUICK, ids=str)
 def test_logcumsumexp_backward_two_byte_rows_moved_whole(device, dtype, rng):
     # On CUDA, where dy, x, y and dx all lie on 16-byte boundaries, each run
     # of eight is read and written as one vector per array, the rows kernel
@@ -760,7 +765,7 @@ def test_logcumsumexp_backward_two_byte_rows_moved_whole(device, dtype, rng):
         check_grad_along_rows("logcumsumexp", x, dy)
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", BFLOAT16_QUICK, ids=str)
 def test_cumprod_backward_two_byte_rows_moved_whole(device, dtype, rng):
     # On CUDA, aligned rows move runs of eight of dy, x, y and dx as vectors;
     # cumprod backward also reads x one scan position before each element and
@@ -791,7 +796,10 @@ LONG_ROW_LAYOUTS = [((1, 40000), 0), ((1, 40000), 1), ((1, 40003), 0), ((1, 4000
 
 @pytest.mark.parametrize("dtype", float32_quick([torch.bfloat16, torch.float32, torch.float64]),
                          ids=str)
-@pytest.mark.parametrize("name", ALL_OPS)
+# The long-row kernels are templates over the op: cumsum, logcumsumexp and
+# cummax run them in the quick tier, cumprod and cummin in the slow one.
+@pytest.mark.parametrize("name", [n if n not in ("cumprod", "cummin") else
+                                  pytest.param(n, marks=pytest.mark.slow) for n in ALL_OPS])
 def test_long_rows_layouts_and_ragged_tiles(device, dtype, name, rng):
     for shape, k in LONG_ROW_LAYOUTS:
         assert bt.scan_path(torch.empty(shape, device="meta"), -1) == "long_rows"
@@ -1180,8 +1188,8 @@ def test_staged_long_rows_past_one_round_on_cuda(dtype):
 # in the second row absorbs what follows it (precedes, reversed), and a NaN
 # in the last turns it NaN. Results must be bit-identical run to run.
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64],
-                         ids=str)
+@pytest.mark.parametrize("dtype", float32_quick([torch.float16, torch.bfloat16, torch.float32,
+                                                torch.float64]), ids=str)
 def test_staged_logcumsumexp_long_rows_on_cuda(dtype):
     g = torch.Generator().manual_seed(19)
     for shape in STAGED_ROWS + [(2, 2_400_128), (2, 1_146_888), (1, 2_400_056), (200, 8200)]:
@@ -1270,8 +1278,8 @@ STAGED_GRAD_ROWS = STAGED_ROWS + [(1, 81923), (2, 40960), (2, 2_400_128)]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64],
-                         ids=str)
+@pytest.mark.parametrize("dtype", float32_quick([torch.float16, torch.bfloat16, torch.float32,
+                                                torch.float64]), ids=str)
 def test_staged_logcumsumexp_backward_on_cuda(dtype):
     g = torch.Generator().manual_seed(23)
     name = "logcumsumexp"
@@ -1313,8 +1321,8 @@ def test_staged_logcumsumexp_backward_on_cuda(dtype):
 # there on, the last NaN winning); the outputs are written over a poisoned
 # allocator; the gradients follow the indices.
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64],
-                         ids=str)
+@pytest.mark.parametrize("dtype", float32_quick([torch.float16, torch.bfloat16, torch.float32,
+                                                torch.float64]), ids=str)
 @pytest.mark.parametrize("name", EXTREME)
 def test_long_rows_cummax_cummin_tile_edges_on_cuda(dtype, name):
     g = torch.Generator().manual_seed(12)
@@ -1666,7 +1674,7 @@ SEGMENT = 4096
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", BFLOAT16_QUICK, ids=str)
 @pytest.mark.parametrize("shape", [(1, 2048 * SEGMENT), (3, 1024 * SEGMENT)], ids=str)
 def test_logcumsumexp_segmented_long_rows_on_cuda(dtype, shape):
     assert bt.scan_path(torch.empty(shape, device="meta"), -1) == "long_rows"
