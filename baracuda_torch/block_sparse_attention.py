@@ -130,11 +130,34 @@ def _well_formed(q: Tensor, k: Tensor, tiles: Tensor, bq: int, bk: int, document
     return ids_ok and tiles_ok
 
 
+# Every-tile masks by (device, nbq, nbk): making one takes a fill and a view,
+# about half the wrapper's cost per call. The byte is never written.
+_ALL_BLOCKS = {}
+_ALL_BLOCKS_KEPT = 64
+
+
+def _new_all_blocks(device, nbq: int, nbk: int) -> Tensor:
+    return torch.ones((1, 1, 1, 1), dtype=torch.bool, device=device).expand(1, 1, nbq, nbk)
+
+
 def _all_blocks(q: Tensor, k: Tensor, bq: int, bk: int) -> Tensor:
     """A mask with every tile on, broadcast over batch and heads (one byte
     stored)."""
     nbq, nbk = -(-q.shape[2] // bq), -(-k.shape[2] // bk)
-    return torch.ones((1, 1, 1, 1), dtype=torch.bool, device=q.device).expand(1, 1, nbq, nbk)
+    key = (q.device, nbq, nbk)
+    mask = None if torch.compiler.is_compiling() else _ALL_BLOCKS.get(key)
+    if mask is not None:
+        return mask
+    # Not kept: symbolic sizes in a compiled graph, or a fill captured into
+    # a CUDA graph (it runs only on replay, in the graph's memory).
+    if torch.compiler.is_compiling() or (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return _new_all_blocks(q.device, nbq, nbk)
+    if len(_ALL_BLOCKS) >= _ALL_BLOCKS_KEPT:
+        _ALL_BLOCKS.clear()
+    with torch.inference_mode(False):  # the backward saves it: no inference tensor
+        mask = _new_all_blocks(q.device, nbq, nbk)
+    _ALL_BLOCKS[key] = mask
+    return mask
 
 
 def _element_arguments(causal_align: str, window, document_ids) -> tuple:

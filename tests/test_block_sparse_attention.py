@@ -436,3 +436,31 @@ def test_errors(device):
         f(q, k, v, m, block_size=(0, 32))
     with pytest.raises(RuntimeError, match=r"block_size=\(-1, 32\) must be positive"):
         torch.ops.baracuda.block_sparse_attention(q, k, v, m, -1, 32, None, False)
+
+
+def test_every_tile_mask_is_reused_safely(device):
+    """block_mask=None reuses one every-tile mask per (device, tile counts):
+    made under inference_mode it still serves a training call, and a first
+    call inside a CUDA graph capture does not keep the graph's mask."""
+    q, k, v = inputs(1, 2, 2, 24, 40, 16, 16, torch.float32, device, seed=91)
+    with torch.inference_mode():
+        bt.block_sparse_attention(q, k, v, block_size=8)
+    qq = q.clone().requires_grad_()
+    out = bt.block_sparse_attention(qq, k, v, block_size=8)
+    out.sum().backward()
+    want = bt.block_sparse_attention(q, k, v, torch.ones(1, 1, 3, 5, dtype=torch.bool,
+                                                         device=device), block_size=8)
+    torch.testing.assert_close(out.detach(), want)
+    if device.type != "cuda":
+        return
+    q2, k2, v2 = inputs(1, 2, 2, 24, 72, 16, 16, torch.float32, device, seed=92)  # a new key
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        captured = bt.block_sparse_attention(q2, k2, v2, block_size=8)
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = bt.block_sparse_attention(q2, k2, v2, block_size=8)
+    torch.testing.assert_close(captured, eager)
+    torch.testing.assert_close(eager, bt.block_sparse_attention(
+        q2, k2, v2, torch.ones(1, 1, 3, 9, dtype=torch.bool, device=device), block_size=8))
