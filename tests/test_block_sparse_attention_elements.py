@@ -590,3 +590,38 @@ def test_exact_masks_that_need_no_bits_run_as_tiles(device):
                                               device=device.type, BLOCK_SIZE=64))
     assert short.causal
     check_exact(qs, k, v, short, is_causal=True, causal_align="bottom_right")
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_wgmma_backward_position_conditions(device, monkeypatch, D):
+    """The Hopper backward's handling of position conditions (opt-in with
+    BARACUDA_WGMMA_BACKWARD_POSITIONS=1 until it has run on a GPU): windows,
+    bottom-right causal and kv_lens against float64 attention; NaN junk past
+    the lengths changes no bit of any result; bit-identical on a second run."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] != 9:
+        pytest.skip("the wgmma backward runs on Hopper GPUs")
+    monkeypatch.setenv("BARACUDA_WGMMA_BACKWARD_POSITIONS", "1")
+    B, H, Lq, Lk = 2, 4, 200, 333
+    q, k, v = inputs(B, H, 2, Lq, Lk, D, D, torch.bfloat16, device, seed=93)
+    for conditions in (dict(window=(100, 20)), dict(is_causal=True, causal_align="bottom_right"),
+                       dict(is_causal=True, window=(64, 0), causal_align="bottom_right")):
+        check(q, k, v, None, (64, 64), **conditions)
+    lens = torch.tensor([Lk, 150], device=device)
+    dense = torch.zeros(B, H, Lq, Lk, dtype=torch.bool)
+    for b, n in enumerate(lens.tolist()):
+        dense[b, :, :, :n] = element_mask(1, H, Lq, n, is_causal=True, causal_align="bottom_right")
+    conditions = dict(is_causal=True, causal_align="bottom_right", kv_lens=lens)
+    compare(q, k, v, None, (64, 128), dense, **conditions)
+    g = torch.Generator().manual_seed(94)
+    grad_out = torch.randn(B, H, Lq, D, generator=g).to(q.dtype).to(device)
+    grad_lse = torch.randn(B, H, Lq, generator=g).to(device)
+    clean = run(q, k, v, None, (64, 128), grad_out, grad_lse, **conditions)
+    k_junk, v_junk = k.clone(), v.clone()
+    k_junk[1, :, 150:] = float("nan")
+    v_junk[1, :, 150:] = float("nan")
+    for _ in range(2):
+        junk = run(q, k_junk, v_junk, None, (64, 128), grad_out, grad_lse, **conditions)
+        assert torch.equal(junk[0], clean[0]) and torch.equal(junk[1], clean[1])
+        for got, want in zip(junk[2], clean[2]):
+            assert torch.equal(got, want)
+    assert (clean[2][1][1, :, 150:] == 0).all() and (clean[2][2][1, :, 150:] == 0).all()

@@ -23,7 +23,10 @@
 //
 // Rows past q_len read as zeros with lse = +inf (the scratch's padding), so
 // their P is 0; keys past k_len are masked in dQ and, in dK / dV, only
-// reach rows that are never stored.
+// reach rows that are never stored. Position conditions (kv_lens, windows,
+// bottom-right causal) bound both walks and are tested per element; rows of
+// K and V past a batch's kv_lens are cache junk, zeroed in shared memory
+// before dQ's MMAs read them and given dS = 0 in dK / dV.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -119,28 +122,38 @@ __device__ inline KeyTile key_tile(const BlockSparseAttentionArgs& a, int64_t it
   return {bg / a.kv_heads, bg % a.kv_heads, (item % k_tiles) * nk};
 }
 
-// The query tiles that see a key tile, in order: for each query head of the
-// group, the 64-row tiles of the query blocks whose mask byte for the key
-// block is on; with causal attention only tiles holding a row at or after
-// the tile's first key. Every call reads the same mask bytes, so the walk is
-// uniform. A position is (head offset in the group, query row of the tile);
-// `next` gives the one after it, or hl == group at the end.
+// The query tiles that see a key tile of nk keys, in order: for each query
+// head of the group, the 64-row tiles of the query blocks whose mask byte
+// for the key block is on, among the rows that may see one of the tile's
+// keys by position (with top-left causal, rows from the tile's first key
+// on). Every call reads the same mask bytes, so the walk is uniform. A
+// position is (head offset in the group, query row of the tile); `next`
+// gives the one after it, or hl == group at the end.
 struct QueryTileWalk {
   const BlockSparseAttentionArgs& a;
   KeyTile t;
   int64_t group, kb;
+  int64_t row_begin = 0, row_end = 0;
 
-  __device__ QueryTileWalk(const BlockSparseAttentionArgs& args, const KeyTile& tile)
-      : a(args), t(tile), group(args.heads / args.kv_heads), kb(tile.k0 / args.block_k) {}
+  __device__ QueryTileWalk(const BlockSparseAttentionArgs& args, const KeyTile& tile, int nk)
+      : a(args), t(tile), group(args.heads / args.kv_heads), kb(tile.k0 / args.block_k) {
+    // Row ranges only move forward with the key: the first key's start and
+    // the last real key's end bound them.
+    const int64_t keys = keys_of(args, tile.b);
+    if (tile.k0 < keys) {
+      int64_t lo, hi;
+      visible_row_range(args, tile.b, tile.k0, row_begin, hi);
+      visible_row_range(args, tile.b, min(tile.k0 + nk, keys) - 1, lo, row_end);
+    }
+  }
 
   // First visible tile at or after (hl, q0).
   __device__ void seek(int64_t& hl, int64_t& q0) const {
-    const int64_t first_row = a.causal ? t.k0 : 0;
-    const int64_t first_q0 = first_row / kRowTile * kRowTile;
+    const int64_t first_q0 = row_begin / kRowTile * kRowTile;
     if (q0 < first_q0) q0 = first_q0;
     while (hl < group) {
       const uint8_t* column_head = mask_row(a, t.b, t.g * group + hl, 0);
-      while (q0 < a.q_len) {
+      while (q0 < row_end) {
         const int64_t qb = q0 / a.block_q;
         if (key_block_on(a, column_head + qb * a.mask_strides[2], kb)) return;
         q0 = (qb + 1) * a.block_q;
@@ -176,7 +189,7 @@ __device__ inline void produce_key_tiles(const CUtensorMap* q_map, const CUtenso
   for (int n = 0;; ++n) {
     if (item >= items) return publish_end(ring.kv_full, ring.kv_empty, ring.kv_item, n);
     const KeyTile kt = key_tile(a, item, k_tiles, NK);
-    const QueryTileWalk walk(a, kt);
+    const QueryTileWalk walk(a, kt, NK);
     int64_t hl, q0;
     walk.first(hl, q0);
     // One ring entry: the query tile at (hl, q0), and the walk moved past it.
@@ -235,8 +248,11 @@ __device__ inline void produce_key_tiles(const CUtensorMap* q_map, const CUtenso
 }
 
 // One consumer warpgroup's 64 keys of every work item: the walk over the
-// item's query tiles, then the dK / dV store.
-template <typename T, int D, int kConsumers, int STAGES>
+// item's query tiles, then the dK / dV store. kPositions: the problem has
+// position conditions (kv_lens, windows, bottom-right causal), tested per
+// element; without, only top-left causal is, in fewer registers (the
+// general test spills in the D = 64 kernel, which two CTAs share an SM).
+template <typename T, int D, int kConsumers, int STAGES, bool kPositions>
 __device__ inline void consume_key_tiles(const BlockSparseAttentionBackwardArgs& ba,
                                          int64_t k_tiles, const KeyTileRing<T>& ring, int warp,
                                          int lane) {
@@ -260,6 +276,21 @@ __device__ inline void consume_key_tiles(const BlockSparseAttentionBackwardArgs&
     if (item < 0) break;
     const KeyTile kt = key_tile(a, item, k_tiles, NK);
     const int64_t key_g = kt.k0 + wg * 64 + wg_warp * 16 + g;  // keys key_g and key_g + 8
+    // The rows [full_lo, full_hi) that see every one of this warpgroup's 64
+    // keys by position: a query tile inside them needs no per-element test.
+    // (Ranges only move forward with the key, so the last key's start and
+    // the first key's end bound them; none if a key is past the batch's.)
+    int full_lo = 1, full_hi = 0;
+    if constexpr (kPositions) {
+      const int64_t first_key = kt.k0 + wg * 64, last_key = first_key + 63;
+      if (last_key < keys_of(a, kt.b)) {
+        int64_t lo, hi, unused;
+        visible_row_range(a, kt.b, last_key, lo, unused);
+        visible_row_range(a, kt.b, first_key, unused, hi);
+        full_lo = static_cast<int>(lo);
+        full_hi = static_cast<int>(hi);
+      }
+    }
     float dk[D / 2], dv[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
@@ -285,16 +316,52 @@ __device__ inline void consume_key_tiles(const BlockSparseAttentionBackwardArgs&
       // is query row q0 + that column.
       const float* lse = ring.lse + stage * kRowTile;
       const float* delta = ring.delta + stage * kRowTile;
-      const bool edge = a.causal && q0 < kt.k0 + NK - 1;
+      const int row0 = static_cast<int>(q0);
+      if constexpr (!kPositions) {
+        const bool edge = a.causal && q0 < kt.k0 + NK - 1;
 #pragma unroll
-      for (int j = 0; j < kCols; ++j) {
+        for (int j = 0; j < kCols; ++j) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int c = 8 * j + 2 * t4 + (e & 1);
-          const bool hidden = edge && key_g + 8 * (e >> 1) > q0 + c;
-          const float p = hidden ? 0.f : exp2_flush(s[4 * j + e] * scale_log2 - lse[c]);
-          s[4 * j + e] = p;
-          dp[4 * j + e] = p * (dp[4 * j + e] - delta[c]);
+          for (int e = 0; e < 4; ++e) {
+            const int c = 8 * j + 2 * t4 + (e & 1);
+            const bool hidden = edge && key_g + 8 * (e >> 1) > q0 + c;
+            const float p = hidden ? 0.f : exp2_flush(s[4 * j + e] * scale_log2 - lse[c]);
+            s[4 * j + e] = p;
+            dp[4 * j + e] = p * (dp[4 * j + e] - delta[c]);
+          }
+        }
+      } else if (row0 >= full_lo && row0 + kRowTile <= full_hi) {
+#pragma unroll
+        for (int i = 0; i < kRowTile / 2; ++i) {
+          const int c = 8 * (i / 4) + 2 * t4 + (i & 1);
+          const float p = exp2_flush(s[i] * scale_log2 - lse[c]);
+          s[i] = p;
+          dp[i] = p * (dp[i] - delta[c]);
+        }
+      } else {
+        // Per element: the rows [lo, hi) that may see each of the lane's
+        // two keys (none for a key past the batch's: cache junk). Hidden
+        // elements get P = dS = 0 by selection, so junk K / V rows (NaN,
+        // say) give dK = dV = 0, as keys that no row sees do in the generic
+        // kernel.
+        int lo[2], hi[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          int64_t l, h;
+          visible_row_range(a, kt.b, key_g + 8 * r, l, h);
+          lo[r] = static_cast<int>(l);
+          hi[r] = static_cast<int>(h);
+        }
+#pragma unroll
+        for (int j = 0; j < kCols; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int c = 8 * j + 2 * t4 + (e & 1), r = e >> 1;
+            const bool hidden = row0 + c < lo[r] || row0 + c >= hi[r];
+            const float p = hidden ? 0.f : exp2_flush(s[4 * j + e] * scale_log2 - lse[c]);
+            s[4 * j + e] = p;
+            dp[4 * j + e] = hidden ? 0.f : p * (dp[4 * j + e] - delta[c]);
+          }
         }
       }
 #pragma unroll
@@ -335,7 +402,7 @@ __device__ inline void consume_key_tiles(const BlockSparseAttentionBackwardArgs&
   }
 }
 
-template <typename T, int D, int kConsumers, int STAGES>
+template <typename T, int D, int kConsumers, int STAGES, bool kPositions>
 __global__ void __launch_bounds__(hopper_threads<kConsumers>(), kConsumers == 1 && D == 64 ? 2 : 1)
     hopper_grad_kv(const __grid_constant__ CUtensorMap q_map,
                    const __grid_constant__ CUtensorMap do_map,
@@ -372,7 +439,7 @@ __global__ void __launch_bounds__(hopper_threads<kConsumers>(), kConsumers == 1 
     }
   } else {
     if constexpr (kMoveRegisters) warpgroup_registers_claim<240>();
-    consume_key_tiles<T, D, kConsumers, STAGES>(ba, k_tiles, ring, warp, lane);
+    consume_key_tiles<T, D, kConsumers, STAGES, kPositions>(ba, k_tiles, ring, warp, lane);
   }
 #endif
 }
@@ -428,18 +495,30 @@ __device__ inline void consume_query_tiles(const BlockSparseAttentionBackwardArg
         release(ring.q_empty);
         break;
       }
-      const T* ks = ring.k + stage * N * D;
+      const int tile = entry & ~kLastTile;
+      T* ks = ring.k + stage * N * D;
+      T* vs = ring.v + stage * N * D;
+      // With per-batch key counts, K and V rows past this batch's keys hold
+      // the cache's junk: zeroed before the MMAs read them (dS K and dO V^T
+      // would multiply a 0 by a NaN), while no MMA is in flight.
+      if (a.kv_lens != nullptr) {
+        const int first_junk = static_cast<int>(keys_of(a, qt.b)) - tile * N;
+        if (first_junk < N) {
+          mbarrier_wait(&ring.v_full[stage], parity);
+          zero_rows_from<T, D, N>(ks, first_junk, wg);
+          zero_rows_from<T, D, N>(vs, first_junk, wg);
+        }
+      }
       wgmma_fence();
       issue_scores<T, D, M, N>(s, q_rows, ks);
       mbarrier_wait(&ring.v_full[stage], parity);
-      issue_scores<T, D, M, N>(dp, do_rows, ring.v + stage * N * D);
+      issue_scores<T, D, M, N>(dp, do_rows, vs);
       wgmma_wait<0>();
       register_fence(s);
       register_fence(dp);
       // Q and dO are read by the two score MMAs only: after the item's last,
       // the producer may load the next item's.
       if (entry & kLastTile) release(ring.q_empty);
-      const int tile = entry & ~kLastTile;
       scale_and_mask<N / 8>(s, scale_log2, tile * N, row_keys, t4);
 #pragma unroll
       for (int i = 0; i < N / 2; ++i) {
@@ -536,8 +615,9 @@ KernelStatus launch_grad_kv(const BlockSparseAttentionBackwardArgs& ba, int* wor
     return KernelStatus::invalid("could not describe the operands to the tensor copy engine");
   }
   const int64_t k_tiles = ceil_div(a.k_len, NK);
-  return launch_persistent(hopper_grad_kv<T, D, kConsumers, kStages>,
-                           hopper_threads<kConsumers>(), L::kAllocBytes,
+  const auto kernel = has_position_conditions(a) ? hopper_grad_kv<T, D, kConsumers, kStages, true>
+                                                 : hopper_grad_kv<T, D, kConsumers, kStages, false>;
+  return launch_persistent(kernel, hopper_threads<kConsumers>(), L::kAllocBytes,
                            k_tiles * a.batch * a.kv_heads, stream, q_map, do_map, k_map, v_map,
                            ba, k_tiles, work_counter);
 }
@@ -595,8 +675,7 @@ KernelStatus block_sparse_attention_backward_hopper_cuda(const BlockSparseAttent
   BlockSparseAttentionArgs layout = ba.forward;  // the alignment test of the forward's operands
   layout.out = const_cast<void*>(ba.grad_out);  // only its address is tested
   std::copy(ba.grad_out_strides, ba.grad_out_strides + 4, layout.out_strides);
-  if (tensor_core_tile_rows(layout) == 0 || has_element_conditions(layout) ||
-      ba.rows_stride % 128 != 0) {
+  if (tensor_core_tile_rows(layout) == 0 || ba.rows_stride % 128 != 0) {
     return KernelStatus::invalid("problem not eligible for the Hopper backward kernels");
   }
   const auto s = static_cast<cudaStream_t>(stream);
