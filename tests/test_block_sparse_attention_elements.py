@@ -319,6 +319,7 @@ def test_from_flex_is_exact(device, which):
         check_exact(q, k, v, exact)
 
 
+@pytest.mark.slow  # compiles flex_attention on CUDA (about 50 s on a GPU machine)
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 def test_from_flex_equals_flex_attention(device):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
