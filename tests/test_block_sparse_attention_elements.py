@@ -626,3 +626,36 @@ def test_wgmma_backward_position_conditions(device, monkeypatch, D):
         for got, want in zip(junk[2], clean[2]):
             assert torch.equal(got, want)
     assert (clean[2][1][1, :, 150:] == 0).all() and (clean[2][2][1, :, 150:] == 0).all()
+
+
+@pytest.mark.parametrize("block_size", [64, 128, (128, 64), (64, 128)])
+@pytest.mark.parametrize("executor", ["default", "mma_sync"])
+def test_tensor_core_exact_masks(device, monkeypatch, block_size, executor):
+    """The tensor-core forward's reading of exact-mask bits (opt-in with
+    BARACUDA_TENSOR_CORE_EXACT_MASKS=1 until it has run on a GPU): a random
+    element mask with full, off and partial tiles, and a causal window with
+    sink keys whose edges fall inside tiles, against float64 attention
+    (gradients through the generic backward); bit-identical on a second run."""
+    if device.type != "cuda":
+        pytest.skip("the tensor-core kernels run on CUDA")
+    monkeypatch.setenv("BARACUDA_TENSOR_CORE_EXACT_MASKS", "1")
+    if executor == "mma_sync":
+        monkeypatch.setenv("BARACUDA_DISABLE_WGMMA", "1")
+    B, H, Lq, Lk = 2, 4, 300, 517
+    g = torch.Generator().manual_seed(95)
+    random = torch.rand(B, 1, Lq, Lk, generator=g) < 0.4
+    random[:, :, :, :128] = True  # full tiles
+    random[:, :, 128:256, 256:] = False  # off tiles
+    random[1, 0, 7] = False  # a row with no key
+    i = torch.arange(Lq)[:, None] + (Lk - Lq)
+    j = torch.arange(Lk)[None, :]
+    window_sink = ((j <= i) & ((i - j < 150) | (j < 37)))[None, None]
+    for D in (64, 128):
+        q, k, v = inputs(B, H, 2, Lq, Lk, D, D, torch.bfloat16, device, seed=96 + D)
+        for dense in (random, window_sink):
+            exact = masks.from_dense(dense.to(device), block_size)
+            assert (exact.partial_index >= 0).any()
+            path = bt.block_sparse_attention_path(q, k, v, exact)
+            assert path != "cuda_generic", path
+            out = check_exact(q, k, v, exact)
+            assert torch.equal(out, bt.block_sparse_attention(q, k, v, exact))

@@ -120,12 +120,10 @@ enum class AttentionPath : int { kHost, kCudaGeneric, kCudaTensorCore, kCudaHopp
 // Rows of one CTA of the tensor-core forward kernels for this problem, 0
 // when they cannot run it: float16/bfloat16, head_dim == v_dim in {64, 128},
 // block_q a multiple of 64, block_k a multiple of 64 (the kernel's key tile),
-// no per-element tests (document ids, exact-mask bits; position conditions
-// are fine), unit inner strides and 16-byte aligned rows of q, k, v and out.
-BARACUDA_HOST_DEVICE inline bool has_element_tests(const BlockSparseAttentionArgs& a);
-
+// no document ids (position conditions and exact-mask bits are fine), unit
+// inner strides and 16-byte aligned rows of q, k, v and out.
 inline int tensor_core_tile_rows(const BlockSparseAttentionArgs& a) {
-  if (has_element_tests(a)) return 0;
+  if (a.q_documents != nullptr) return 0;
   const bool half = a.dtype == FloatDtype::kFloat16 || a.dtype == FloatDtype::kBFloat16;
   if (!half || a.head_dim != a.v_dim || (a.head_dim != 64 && a.head_dim != 128)) return 0;
   if (a.block_k % 64 != 0 || a.block_q % 64 != 0) return 0;

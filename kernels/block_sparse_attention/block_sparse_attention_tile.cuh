@@ -154,6 +154,43 @@ __device__ inline void scale_and_mask(float (&s)[4 * SJ], float scale_log2, int 
   }
 }
 
+// Hides the scores of an exact mask's partial tile whose bits are clear:
+// one key tile (SJ 8-key groups from key0, a multiple of 64, inside one mask
+// block) of the lane's rows row_g and row_g + 8 (inside one query block) of
+// head h in batch b. A tile that is full (or the mask without bits) is left
+// as it is.
+template <int SJ>
+__device__ inline void mask_partial_bits(float (&s)[4 * SJ], const BlockSparseAttentionArgs& a,
+                                         int64_t b, int64_t h, int64_t row_g, int key0, int t4) {
+  const int64_t qb = row_g / a.block_q;
+  const int kb = key0 / static_cast<int>(a.block_k);
+  const int64_t* st = a.partial_index_strides;
+  const int32_t slot = a.partial_index[b * st[0] + h * st[1] + qb * st[2] + kb * st[3]];
+  if (slot < 0) return;
+  // Column c of the tile is key c0 + c of the block; a lane's columns
+  // 8 j + 2 t4 + {0, 1} all lie in word j / 4 of the tile's (c0 is a
+  // multiple of 32).
+  const int c0 = key0 - kb * static_cast<int>(a.block_k);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const uint32_t* words =
+        a.partial_bits + (slot * a.block_q + (row_g + 8 * r - qb * a.block_q)) * a.bit_words +
+        c0 / 32;
+#pragma unroll
+    for (int i = 0; i < SJ / 4; ++i) {
+      const uint32_t word = words[i];
+#pragma unroll
+      for (int j = 4 * i; j < 4 * i + 4; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int bit = (8 * j + 2 * t4 + e) % 32;
+          if (((word >> bit) & 1u) == 0) s[4 * j + 2 * r + e] = -INFINITY;
+        }
+      }
+    }
+  }
+}
+
 // Running max (log2 units) and this lane's partial sum of its rows g and
 // g + 8; the four lanes of a row add their sums up at the end.
 struct OnlineSoftmaxRows {
