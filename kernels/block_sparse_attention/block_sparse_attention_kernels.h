@@ -185,21 +185,13 @@ bool block_sparse_attention_hopper_available(int device);
 // Shared by every executor so they agree on which keys are computed.
 
 // Conditions that hold a key visible by position alone (per-batch key
-// counts, a window, bottom-right causal), beyond top-left causal: every
-// executor but the Hopper backward takes them.
+// counts, a window, bottom-right causal), beyond top-left causal. Every
+// executor takes them; the Hopper backward's own test of them is opt-in
+// (block_sparse_attention_backward_op.cpp), and the tile walks skip their
+// bookkeeping without them.
 BARACUDA_HOST_DEVICE inline bool has_position_conditions(const BlockSparseAttentionArgs& a) {
   return a.kv_lens != nullptr || a.window_left != kUnboundedWindow ||
          a.window_right != kUnboundedWindow || (a.causal && a.bottom_right && a.q_len != a.k_len);
-}
-
-// Conditions tested per element (document ids, an exact mask's bits): only
-// the host and generic executors take them.
-BARACUDA_HOST_DEVICE inline bool has_element_tests(const BlockSparseAttentionArgs& a) {
-  return a.q_documents != nullptr || a.partial_index != nullptr;
-}
-
-BARACUDA_HOST_DEVICE inline bool has_element_conditions(const BlockSparseAttentionArgs& a) {
-  return has_position_conditions(a) || has_element_tests(a);
 }
 
 // The keys batch b sees: kv_lens[b] clamped to [0, k_len], else k_len.
