@@ -218,7 +218,12 @@ BARACUDA_HOST_DEVICE inline int64_t row_position(const BlockSparseAttentionArgs&
 }
 
 // The keys [lo, hi) that a query at key position pos in batch b may see by
-// position (its keys, causal and window); an empty range has lo == hi.
+// position (its keys, causal and window). An empty range has lo == hi at
+// the upper bound (at least 0), never above it: both ends then only move
+// forward with the position, so the keys of consecutive positions are [lo
+// of the first, hi of the last), also where some of them see none (a range
+// pushed up to a lower bound past the keys would make that union reach
+// past them).
 BARACUDA_HOST_DEVICE inline void position_key_range(const BlockSparseAttentionArgs& a, int64_t b,
                                                     int64_t pos, int64_t& lo, int64_t& hi) {
   hi = keys_of(a, b);
@@ -228,7 +233,8 @@ BARACUDA_HOST_DEVICE inline void position_key_range(const BlockSparseAttentionAr
   }
   lo = 0;
   if (a.window_left != kUnboundedWindow && pos - a.window_left > lo) lo = pos - a.window_left;
-  if (hi < lo) hi = lo;
+  if (hi < 0) hi = 0;
+  if (lo > hi) lo = hi;
 }
 
 // The keys [lo, hi) that row i of batch b may see by position.
@@ -255,11 +261,11 @@ BARACUDA_HOST_DEVICE inline void rows_key_range(const BlockSparseAttentionArgs& 
   int64_t unused;
   position_key_range(a, b, p_first, lo, unused);
   position_key_range(a, b, p_last, unused, hi);
-  if (hi < lo) hi = lo;
 }
 
 // The rows [lo, hi) of batch b that may see key j by position: the inverse
-// of visible_key_range.
+// of visible_key_range, empty ranges at the upper bound as there (a key
+// past the last row's position must not yield rows past q_len).
 BARACUDA_HOST_DEVICE inline void visible_row_range(const BlockSparseAttentionArgs& a, int64_t b,
                                                    int64_t j, int64_t& lo, int64_t& hi) {
   lo = 0;
@@ -270,7 +276,8 @@ BARACUDA_HOST_DEVICE inline void visible_row_range(const BlockSparseAttentionArg
   if (a.window_left != kUnboundedWindow && at + a.window_left + 1 < hi) {
     hi = at + a.window_left + 1;
   }
-  if (hi < lo) hi = lo;
+  if (hi < 0) hi = 0;
+  if (lo > hi) lo = hi;
 }
 
 // Whether key j, inside row i's position range and in a tile that is on,
