@@ -71,16 +71,21 @@ def test_cuda_source_compiles_for_hopper(source, compiled):
 
 @pytest.mark.slow
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
-def test_hopper_attention_forward_mmas_are_not_serialised(tmp_path):
+@pytest.mark.parametrize("source, kernels", [
+    ("block_sparse_attention_hopper.cu", "hopper_attention"),
+    ("block_sparse_attention_hopper_backward.cu", "hopper_grad"),
+])
+def test_hopper_attention_mmas_are_not_serialised(tmp_path, source, kernels):
     """ptxas serialises every wgmma of a kernel (warning C7520) when code that
-    may diverge sits between the issues of in-flight MMAs; in the attention
-    forward that cost 9-25 % of its speed. Compiled as the extension builds
-    it (-O3, to machine code), no forward kernel may draw the warning."""
-    source = KERNELS / "block_sparse_attention" / "block_sparse_attention_hopper.cu"
+    may diverge (a barrier's spin loop, a branch) sits between the issues of
+    in-flight MMAs; in the attention forward that cost 9-25 % of its speed.
+    Compiled as the extension builds them (-O3, to machine code), no forward
+    or backward kernel may draw the warning."""
+    path = KERNELS / "block_sparse_attention" / source
     cmd = [NVCC, "-std=c++17", "-arch=sm_90a", "-DBARACUDA_SM90A", *COMMON_NVCC_FLAGS, "-O3",
-           "-I", str(KERNELS), "-c", str(source), "-o", str(tmp_path / "hopper.o")]
+           "-I", str(KERNELS), "-c", str(path), "-o", str(tmp_path / "kernels.o")]
     result = subprocess.run(cmd, capture_output=True, text=True)
     assert result.returncode == 0, f"{' '.join(cmd)}\n{result.stderr}"
     serialised = [line for line in result.stderr.splitlines()
-                  if "C7520" in line and "hopper_attention" in line]
+                  if "C7520" in line and kernels in line]
     assert not serialised, "\n".join(serialised)

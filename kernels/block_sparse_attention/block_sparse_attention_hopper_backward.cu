@@ -498,20 +498,22 @@ __device__ inline void consume_query_tiles(const BlockSparseAttentionBackwardArg
       const int tile = entry & ~kLastTile;
       T* ks = ring.k + stage * N * D;
       T* vs = ring.v + stage * N * D;
-      // With per-batch key counts, K and V rows past this batch's keys hold
-      // the cache's junk: zeroed before the MMAs read them (dS K and dO V^T
-      // would multiply a 0 by a NaN), while no MMA is in flight.
+      // V is waited for before the first MMA is issued: a wait (a spin loop)
+      // between the issues of in-flight MMAs makes the compiler serialise
+      // every wgmma of the kernel (ptxas C7520). With per-batch key counts,
+      // K and V rows past this batch's keys hold the cache's junk: zeroed
+      // here, before the MMAs read them (dS K and dO V^T would multiply a 0
+      // by a NaN).
+      mbarrier_wait(&ring.v_full[stage], parity);
       if (a.kv_lens != nullptr) {
         const int first_junk = static_cast<int>(keys_of(a, qt.b)) - tile * N;
         if (first_junk < N) {
-          mbarrier_wait(&ring.v_full[stage], parity);
           zero_rows_from<T, D, N>(ks, first_junk, wg);
           zero_rows_from<T, D, N>(vs, first_junk, wg);
         }
       }
       wgmma_fence();
       issue_scores<T, D, M, N>(s, q_rows, ks);
-      mbarrier_wait(&ring.v_full[stage], parity);
       issue_scores<T, D, M, N>(dp, do_rows, vs);
       wgmma_wait<0>();
       register_fence(s);
