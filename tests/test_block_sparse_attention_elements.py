@@ -594,14 +594,12 @@ def test_exact_masks_that_need_no_bits_run_as_tiles(device):
 
 
 @pytest.mark.parametrize("D", [64, 128])
-def test_wgmma_backward_position_conditions(device, monkeypatch, D):
-    """The Hopper backward's handling of position conditions (opt-in with
-    BARACUDA_WGMMA_BACKWARD_POSITIONS=1 until it has run on a GPU): windows,
+def test_wgmma_backward_position_conditions(device, D):
+    """The Hopper backward's handling of position conditions: windows,
     bottom-right causal and kv_lens against float64 attention; NaN junk past
     the lengths changes no bit of any result; bit-identical on a second run."""
     if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] != 9:
         pytest.skip("the wgmma backward runs on Hopper GPUs")
-    monkeypatch.setenv("BARACUDA_WGMMA_BACKWARD_POSITIONS", "1")
     B, H, Lq, Lk = 2, 4, 200, 333
     q, k, v = inputs(B, H, 2, Lq, Lk, D, D, torch.bfloat16, device, seed=93)
     for conditions in (dict(window=(100, 20)), dict(is_causal=True, causal_align="bottom_right"),
@@ -631,14 +629,13 @@ def test_wgmma_backward_position_conditions(device, monkeypatch, D):
 @pytest.mark.parametrize("block_size", [64, 128, (128, 64), (64, 128)])
 @pytest.mark.parametrize("executor", ["default", "mma_sync"])
 def test_tensor_core_exact_masks(device, monkeypatch, block_size, executor):
-    """The tensor-core forward's reading of exact-mask bits (opt-in with
-    BARACUDA_TENSOR_CORE_EXACT_MASKS=1 until it has run on a GPU): a random
-    element mask with full, off and partial tiles, and a causal window with
-    sink keys whose edges fall inside tiles, against float64 attention
-    (gradients through the generic backward); bit-identical on a second run."""
+    """The tensor-core kernels' reading of exact-mask bits (forward, and the
+    Hopper backward where it runs): a random element mask with full, off and
+    partial tiles, alone and under bottom-right causal with a window, and a
+    causal window with sink keys whose edges fall inside tiles, against
+    float64 attention; outputs and gradients bit-identical on a second run."""
     if device.type != "cuda":
         pytest.skip("the tensor-core kernels run on CUDA")
-    monkeypatch.setenv("BARACUDA_TENSOR_CORE_EXACT_MASKS", "1")
     if executor == "mma_sync":
         monkeypatch.setenv("BARACUDA_DISABLE_WGMMA", "1")
     B, H, Lq, Lk = 2, 4, 300, 517
@@ -652,10 +649,19 @@ def test_tensor_core_exact_masks(device, monkeypatch, block_size, executor):
     window_sink = ((j <= i) & ((i - j < 150) | (j < 37)))[None, None]
     for D in (64, 128):
         q, k, v = inputs(B, H, 2, Lq, Lk, D, D, torch.bfloat16, device, seed=96 + D)
-        for dense in (random, window_sink):
+        for dense, conditions in ((random, {}), (window_sink, {}),
+                                  (random, dict(is_causal=True, causal_align="bottom_right",
+                                                window=(200, None)))):
             exact = masks.from_dense(dense.to(device), block_size)
             assert (exact.partial_index >= 0).any()
-            path = bt.block_sparse_attention_path(q, k, v, exact)
+            path = bt.block_sparse_attention_path(q, k, v, exact, **conditions)
             assert path != "cuda_generic", path
-            out = check_exact(q, k, v, exact)
-            assert torch.equal(out, bt.block_sparse_attention(q, k, v, exact))
+            check_exact(q, k, v, exact, **conditions)
+            g = torch.Generator().manual_seed(97)
+            grad_out = torch.randn(q.shape, generator=g).to(q.dtype).to(device)
+            grad_lse = torch.randn(q.shape[:3], generator=g).to(device)
+            first, second = (run(q, k, v, exact, None, grad_out, grad_lse, **conditions)
+                             for _ in range(2))
+            assert torch.equal(first[0], second[0])
+            for got, want in zip(first[2], second[2]):
+                assert torch.equal(got, want)

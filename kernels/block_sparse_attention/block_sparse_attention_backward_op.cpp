@@ -46,16 +46,10 @@ at::Tensor compute_operand(const at::Tensor& t) {
 }
 
 #ifdef BARACUDA_WITH_CUDA
-// The wgmma backward takes the problems the Hopper forward takes, but not
-// exact-mask bits; everything else runs the generic executor. Its handling of position
-// conditions (kv_lens, windows, bottom-right causal) is opt-in,
-// BARACUDA_WGMMA_BACKWARD_POSITIONS=1, until it has run on a GPU.
+// The wgmma backward takes the problems the Hopper forward takes;
+// everything else runs the generic executor.
 bool use_hopper_backward(const AttentionProblem& p) {
-  const bool positions =
-      has_position_conditions(attention_args(p, p.q, p.k, p.v, at::Tensor(), at::Tensor()));
-  return tensor_core_shape(p) && !p.partial_index.defined() &&
-         (!positions || env_flag("BARACUDA_WGMMA_BACKWARD_POSITIONS")) &&
-         !env_flag("BARACUDA_DISABLE_WGMMA") &&
+  return tensor_core_shape(p) && !env_flag("BARACUDA_DISABLE_WGMMA") &&
          block_sparse_attention_hopper_available(p.q.get_device());
 }
 #endif

@@ -26,7 +26,8 @@
 // reach rows that are never stored. Position conditions (kv_lens, windows,
 // bottom-right causal) bound both walks and are tested per element; rows of
 // K and V past a batch's kv_lens are cache junk, zeroed in shared memory
-// before dQ's MMAs read them and given dS = 0 in dK / dV.
+// before dQ's MMAs read them and given dS = 0 in dK / dV. The bits of an
+// exact mask's partial tiles are read per element by both kernels.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -248,11 +249,12 @@ __device__ inline void produce_key_tiles(const CUtensorMap* q_map, const CUtenso
 }
 
 // One consumer warpgroup's 64 keys of every work item: the walk over the
-// item's query tiles, then the dK / dV store. kPositions: the problem has
-// position conditions (kv_lens, windows, bottom-right causal), tested per
-// element; without, only top-left causal is, in fewer registers (the
-// general test spills in the D = 64 kernel, which two CTAs share an SM).
-template <typename T, int D, int kConsumers, int STAGES, bool kPositions>
+// item's query tiles, then the dK / dV store. kElementTests: the problem has
+// position conditions (kv_lens, windows, bottom-right causal) or exact-mask
+// bits, tested per element; without, only top-left causal is, in fewer
+// registers (the general test spills in the D = 64 kernel, which two CTAs
+// share an SM).
+template <typename T, int D, int kConsumers, int STAGES, bool kElementTests>
 __device__ inline void consume_key_tiles(const BlockSparseAttentionBackwardArgs& ba,
                                          int64_t k_tiles, const KeyTileRing<T>& ring, int warp,
                                          int lane) {
@@ -281,7 +283,7 @@ __device__ inline void consume_key_tiles(const BlockSparseAttentionBackwardArgs&
     // (Ranges only move forward with the key, so the last key's start and
     // the first key's end bound them; none if a key is past the batch's.)
     int full_lo = 1, full_hi = 0;
-    if constexpr (kPositions) {
+    if constexpr (kElementTests) {
       const int64_t first_key = kt.k0 + wg * 64, last_key = first_key + 63;
       if (last_key < keys_of(a, kt.b)) {
         int64_t lo, hi, unused;
@@ -317,7 +319,19 @@ __device__ inline void consume_key_tiles(const BlockSparseAttentionBackwardArgs&
       const float* lse = ring.lse + stage * kRowTile;
       const float* delta = ring.delta + stage * kRowTile;
       const int row0 = static_cast<int>(q0);
-      if constexpr (!kPositions) {
+      // The exact mask's bit slot of this (query tile, key block): the 64
+      // rows and the warpgroup's 64 keys each lie in one block. -1 where the
+      // tile is full or the mask has no bits.
+      int slot = -1;
+      if constexpr (kElementTests) {
+        if (a.partial_index != nullptr) {
+          const int64_t h = *reinterpret_cast<volatile int*>(&ring.head_of[stage]);
+          const int64_t* st = a.partial_index_strides;
+          slot = a.partial_index[kt.b * st[0] + h * st[1] + (q0 / a.block_q) * st[2] +
+                                 ((kt.k0 + wg * 64) / a.block_k) * st[3]];
+        }
+      }
+      if constexpr (!kElementTests) {
         const bool edge = a.causal && q0 < kt.k0 + NK - 1;
 #pragma unroll
         for (int j = 0; j < kCols; ++j) {
@@ -330,7 +344,7 @@ __device__ inline void consume_key_tiles(const BlockSparseAttentionBackwardArgs&
             dp[4 * j + e] = p * (dp[4 * j + e] - delta[c]);
           }
         }
-      } else if (row0 >= full_lo && row0 + kRowTile <= full_hi) {
+      } else if (slot < 0 && row0 >= full_lo && row0 + kRowTile <= full_hi) {
 #pragma unroll
         for (int i = 0; i < kRowTile / 2; ++i) {
           const int c = 8 * (i / 4) + 2 * t4 + (i & 1);
@@ -340,10 +354,10 @@ __device__ inline void consume_key_tiles(const BlockSparseAttentionBackwardArgs&
         }
       } else {
         // Per element: the rows [lo, hi) that may see each of the lane's
-        // two keys (none for a key past the batch's: cache junk). Hidden
-        // elements get P = dS = 0 by selection, so junk K / V rows (NaN,
-        // say) give dK = dV = 0, as keys that no row sees do in the generic
-        // kernel.
+        // two keys (none for a key past the batch's: cache junk), and the
+        // tile's bits. Hidden elements get P = dS = 0 by selection, so junk
+        // K / V rows (NaN, say) give dK = dV = 0, as keys that no row sees
+        // do in the generic kernel.
         int lo[2], hi[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -352,15 +366,32 @@ __device__ inline void consume_key_tiles(const BlockSparseAttentionBackwardArgs&
           lo[r] = static_cast<int>(l);
           hi[r] = static_cast<int>(h);
         }
+        // Query row q0 + c's bits of the lane's keys: key_g and key_g + 8
+        // share a 32-key word (key_g % 16 < 8), read shifted so that bit 0
+        // is key_g's; all ones without a slot.
+        const uint32_t* words = nullptr;
+        int shift = 0;
+        if (slot >= 0) {
+          const int key_col = static_cast<int>(key_g % a.block_k);
+          words = a.partial_bits +
+                  (slot * a.block_q + q0 % a.block_q) * a.bit_words + key_col / 32;
+          shift = key_col % 32;
+        }
 #pragma unroll
         for (int j = 0; j < kCols; ++j) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int c = 8 * j + 2 * t4 + (e & 1), r = e >> 1;
-            const bool hidden = row0 + c < lo[r] || row0 + c >= hi[r];
-            const float p = hidden ? 0.f : exp2_flush(s[4 * j + e] * scale_log2 - lse[c]);
-            s[4 * j + e] = p;
-            dp[4 * j + e] = hidden ? 0.f : p * (dp[4 * j + e] - delta[c]);
+          for (int col = 0; col < 2; ++col) {
+            const int c = 8 * j + 2 * t4 + col;
+            const uint32_t bits = words != nullptr ? words[c * a.bit_words] >> shift : ~0u;
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              const int e = 2 * r + col;
+              const bool hidden =
+                  row0 + c < lo[r] || row0 + c >= hi[r] || ((bits >> (8 * r)) & 1u) == 0;
+              const float p = hidden ? 0.f : exp2_flush(s[4 * j + e] * scale_log2 - lse[c]);
+              s[4 * j + e] = p;
+              dp[4 * j + e] = hidden ? 0.f : p * (dp[4 * j + e] - delta[c]);
+            }
           }
         }
       }
@@ -402,7 +433,7 @@ __device__ inline void consume_key_tiles(const BlockSparseAttentionBackwardArgs&
   }
 }
 
-template <typename T, int D, int kConsumers, int STAGES, bool kPositions>
+template <typename T, int D, int kConsumers, int STAGES, bool kElementTests>
 __global__ void __launch_bounds__(hopper_threads<kConsumers>(), kConsumers == 1 && D == 64 ? 2 : 1)
     hopper_grad_kv(const __grid_constant__ CUtensorMap q_map,
                    const __grid_constant__ CUtensorMap do_map,
@@ -439,7 +470,7 @@ __global__ void __launch_bounds__(hopper_threads<kConsumers>(), kConsumers == 1 
     }
   } else {
     if constexpr (kMoveRegisters) warpgroup_registers_claim<240>();
-    consume_key_tiles<T, D, kConsumers, STAGES, kPositions>(ba, k_tiles, ring, warp, lane);
+    consume_key_tiles<T, D, kConsumers, STAGES, kElementTests>(ba, k_tiles, ring, warp, lane);
   }
 #endif
 }
@@ -448,8 +479,10 @@ __global__ void __launch_bounds__(hopper_threads<kConsumers>(), kConsumers == 1 
 
 // One consumer warpgroup's 64 query rows of every work item: the walk over
 // the item's key tiles, then the dQ store. Q and dO sit one after the other
-// in the ring's Q buffer.
-template <typename T, int D, int kConsumers, int STAGES>
+// in the ring's Q buffer. kExactBits: the mask has partial tiles, whose
+// bits are read (a second instantiation, so that the kernels without keep
+// their registers).
+template <typename T, int D, int kConsumers, int STAGES, bool kExactBits>
 __device__ inline void consume_query_tiles(const BlockSparseAttentionBackwardArgs& ba,
                                            int64_t q_tiles, const Ring<T>& ring, int warp,
                                            int lane) {
@@ -522,6 +555,7 @@ __device__ inline void consume_query_tiles(const BlockSparseAttentionBackwardArg
       // the producer may load the next item's.
       if (entry & kLastTile) release(ring.q_empty);
       scale_and_mask<N / 8>(s, scale_log2, tile * N, row_keys, t4);
+      if constexpr (kExactBits) mask_partial_bits<N / 8>(s, a, qt.b, qt.h, row_g, tile * N, t4);
 #pragma unroll
       for (int i = 0; i < N / 2; ++i) {
         const int r = (i >> 1) & 1;
@@ -555,7 +589,7 @@ __device__ inline void consume_query_tiles(const BlockSparseAttentionBackwardArg
   }
 }
 
-template <typename T, int D, int kConsumers, int STAGES>
+template <typename T, int D, int kConsumers, int STAGES, bool kExactBits>
 __global__ void __launch_bounds__(hopper_threads<kConsumers>(), kConsumers == 1 ? 2 : 1)
     hopper_grad_q(const __grid_constant__ CUtensorMap q_map,
                   const __grid_constant__ CUtensorMap do_map,
@@ -580,7 +614,7 @@ __global__ void __launch_bounds__(hopper_threads<kConsumers>(), kConsumers == 1 
     }
   } else {
     if constexpr (kMoveRegisters) warpgroup_registers_claim<232>();
-    consume_query_tiles<T, D, kConsumers, STAGES>(ba, q_tiles, ring, warp, lane);
+    consume_query_tiles<T, D, kConsumers, STAGES, kExactBits>(ba, q_tiles, ring, warp, lane);
   }
 #endif
 }
@@ -617,8 +651,9 @@ KernelStatus launch_grad_kv(const BlockSparseAttentionBackwardArgs& ba, int* wor
     return KernelStatus::invalid("could not describe the operands to the tensor copy engine");
   }
   const int64_t k_tiles = ceil_div(a.k_len, NK);
-  const auto kernel = has_position_conditions(a) ? hopper_grad_kv<T, D, kConsumers, kStages, true>
-                                                 : hopper_grad_kv<T, D, kConsumers, kStages, false>;
+  const bool element_tests = has_position_conditions(a) || a.partial_index != nullptr;
+  const auto kernel = element_tests ? hopper_grad_kv<T, D, kConsumers, kStages, true>
+                                    : hopper_grad_kv<T, D, kConsumers, kStages, false>;
   return launch_persistent(kernel, hopper_threads<kConsumers>(), L::kAllocBytes,
                            k_tiles * a.batch * a.kv_heads, stream, q_map, do_map, k_map, v_map,
                            ba, k_tiles, work_counter);
@@ -643,9 +678,11 @@ KernelStatus launch_grad_q(const BlockSparseAttentionBackwardArgs& ba, int* work
     return KernelStatus::invalid("could not describe the operands to the tensor copy engine");
   }
   const int64_t q_tiles = ceil_div(a.q_len, M);
-  return launch_persistent(hopper_grad_q<T, D, kConsumers, kStages>, hopper_threads<kConsumers>(),
-                           L::kAllocBytes, q_tiles * a.batch * a.heads, stream, q_map, do_map,
-                           k_map, v_map, ba, q_tiles, work_counter);
+  const auto kernel = a.partial_index != nullptr ? hopper_grad_q<T, D, kConsumers, kStages, true>
+                                                 : hopper_grad_q<T, D, kConsumers, kStages, false>;
+  return launch_persistent(kernel, hopper_threads<kConsumers>(), L::kAllocBytes,
+                           q_tiles * a.batch * a.heads, stream, q_map, do_map, k_map, v_map, ba,
+                           q_tiles, work_counter);
 }
 
 template <typename T, int D>
@@ -677,8 +714,7 @@ KernelStatus block_sparse_attention_backward_hopper_cuda(const BlockSparseAttent
   BlockSparseAttentionArgs layout = ba.forward;  // the alignment test of the forward's operands
   layout.out = const_cast<void*>(ba.grad_out);  // only its address is tested
   std::copy(ba.grad_out_strides, ba.grad_out_strides + 4, layout.out_strides);
-  if (tensor_core_tile_rows(layout) == 0 || layout.partial_index != nullptr ||
-      ba.rows_stride % 128 != 0) {
+  if (tensor_core_tile_rows(layout) == 0 || ba.rows_stride % 128 != 0) {
     return KernelStatus::invalid("problem not eligible for the Hopper backward kernels");
   }
   const auto s = static_cast<cudaStream_t>(stream);

@@ -240,11 +240,8 @@ at::Tensor tensor_core_ready(const at::Tensor& t) {
 bool tensor_core_shape(const AttentionProblem& p) {
   const auto s = p.q.scalar_type();
   const int64_t D = p.q.size(3);
-  // The tensor-core kernels' reading of exact-mask bits is opt-in until it
-  // has run on a GPU.
-  const bool bits_ok = !p.partial_index.defined() || env_flag("BARACUDA_TENSOR_CORE_EXACT_MASKS");
   return (s == at::kHalf || s == at::kBFloat16) && p.v.size(3) == D && (D == 64 || D == 128) &&
-         p.block_q % 64 == 0 && p.block_k % 64 == 0 && !p.q_documents.defined() && bits_ok;
+         p.block_q % 64 == 0 && p.block_k % 64 == 0 && !p.q_documents.defined();
 }
 
 bool env_flag(const char* name) {

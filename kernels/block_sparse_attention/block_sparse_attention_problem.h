@@ -71,8 +71,8 @@ at::Tensor tensor_core_ready(const at::Tensor& t);
 
 // Whether the problem fits the tensor-core forward kernels apart from their
 // layout needs: float16 / bfloat16, head_dim == v_dim in {64, 128}, blocks
-// that are multiples of 64, and no document ids; position conditions are
-// fine, exact-mask bits only with BARACUDA_TENSOR_CORE_EXACT_MASKS=1.
+// that are multiples of 64, and no document ids (position conditions and
+// exact-mask bits are fine).
 bool tensor_core_shape(const AttentionProblem& p);
 
 // Whether environment variable `name` is set to anything but "" or "0".
