@@ -54,17 +54,17 @@ def compile_all(sources) -> dict:
 def compiled(request):
     """The compile of every .cu file that this session selected, all at once."""
     selected = [item.callspec.params["source"] for item in request.session.items
-                if getattr(item, "originalname", None) == "test_cuda_source_compiles_for_hopper"]
+                if getattr(item, "originalname", None) == "test_kernel_source_compiles_for_hopper"]
     return compile_all(selected)
 
 
-def test_there_are_cuda_sources():
+def test_there_are_kernel_sources():
     assert CUDA_FILES, "no .cu files found under kernels/"
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
 @pytest.mark.parametrize("source", CUDA_FILES, ids=lambda p: str(p.relative_to(ROOT)))
-def test_cuda_source_compiles_for_hopper(source, compiled):
+def test_kernel_source_compiles_for_hopper(source, compiled):
     cmd, result = compiled[source]
     assert result.returncode == 0, f"{' '.join(cmd)}\n{result.stderr}"
 
