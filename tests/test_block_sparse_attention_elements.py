@@ -665,3 +665,56 @@ def test_tensor_core_exact_masks(device, monkeypatch, block_size, executor):
             assert torch.equal(first[0], second[0])
             for got, want in zip(first[2], second[2]):
                 assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("block_size", [64, 128, (128, 64), (64, 128)])
+def test_hopper_document_ids(device, monkeypatch, block_size):
+    """The Hopper kernels' test of document ids (forward and backward; opt-in
+    with BARACUDA_TENSOR_CORE_DOCUMENT_IDS=1 until it has run on a GPU):
+    packed documents, causal and not, with a tile mask, an exact mask and a
+    bottom-right window on top; ids that are not sorted (documents that
+    interleave, so the tiles between them are kept and tested); a row that
+    sees no key of its document. Against float64 attention, bit-identical on
+    a second run; the mma.sync executor keeps document ids on the generic
+    kernel."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] != 9:
+        pytest.skip("the wgmma kernels run on Hopper GPUs")
+    monkeypatch.setenv("BARACUDA_TENSOR_CORE_DOCUMENT_IDS", "1")
+    B, H, Lq, Lk = 2, 4, 300, 517
+    packed_q = documents(B, Lq, 6, seed=98, device=device)
+    packed_k = documents(B, Lk, 6, seed=98, device=device)
+    pair = (block_size, block_size) if isinstance(block_size, int) else block_size
+    g = torch.Generator().manual_seed(99)
+    mixed_q = torch.randint(0, 3, (B, Lq), generator=g).to(device)
+    mixed_k = torch.randint(0, 3, (1, Lk), generator=g).to(device)
+    mixed_q[1, 5] = 7  # an id no key has: the row sees nothing
+    dense = torch.rand(1, 1, Lq, Lk, generator=g) < 0.5
+    dense[..., :128] = True
+    exact = masks.from_dense(dense.to(device), block_size)
+    tiles = random_mask(B, H, Lq, Lk, block_size, device, density=0.7, seed=100)
+    for D in (64, 128):
+        q, k, v = inputs(B, H, 2, Lq, Lk, D, D, torch.bfloat16, device, seed=101 + D)
+        for ids, m, conditions in (
+                ((packed_q, packed_k), None, dict(is_causal=True, causal_align="bottom_right")),
+                ((packed_q, packed_k), tiles, {}),
+                ((mixed_q, mixed_k), None, {}),
+                ((mixed_q, mixed_k), exact, dict(window=(200, 10), causal_align="bottom_right"))):
+            conditions = dict(conditions, document_ids=ids)
+            size = None if m is exact else pair
+            assert bt.block_sparse_attention_path(q, k, v, m, block_size=size,
+                                                  **conditions) == "cuda_wgmma"
+            if m is exact:
+                check_exact(q, k, v, exact, **conditions)
+            else:
+                check(q, k, v, m, pair, **conditions)
+            g = torch.Generator().manual_seed(102)
+            grad_out = torch.randn(q.shape, generator=g).to(q.dtype).to(device)
+            grad_lse = torch.randn(q.shape[:3], generator=g).to(device)
+            first, second = (run(q, k, v, m, size, grad_out, grad_lse, **conditions)
+                             for _ in range(2))
+            assert torch.equal(first[0], second[0])
+            for got, want in zip(first[2], second[2]):
+                assert torch.equal(got, want)
+    monkeypatch.setenv("BARACUDA_DISABLE_WGMMA", "1")
+    assert bt.block_sparse_attention_path(q, k, v, None, block_size=block_size,
+                                          document_ids=(packed_q, packed_k)) == "cuda_generic"

@@ -43,7 +43,7 @@ namespace {
 // the exponentials of tile i are computed. (Making the two warpgroups also
 // take turns issuing MMAs measured no faster.) The ring position `it` runs
 // on across items, as the producer's does.
-template <typename T, int D, int kConsumers, int N, int STAGES, bool kExactBits>
+template <typename T, int D, int kConsumers, int N, int STAGES, int kTests>
 __device__ inline void consume(const BlockSparseAttentionArgs& a, int64_t q_tiles,
                                const Ring<T>& ring, int warp, int lane) {
   constexpr int M = 64 * kConsumers;
@@ -91,7 +91,7 @@ __device__ inline void consume(const BlockSparseAttentionArgs& a, int64_t q_tile
     auto softmax_of = [&](int tile) {
       register_fence(s);
       scale_and_mask<N / 8>(s, scale_log2, tile * N, row_keys, t4);
-      if constexpr (kExactBits) mask_partial_bits<N / 8>(s, a, qt.b, qt.h, row_g, tile * N, t4);
+      mask_elements<kTests, N / 8>(s, a, qt.b, qt.h, row_g, tile * N, t4);
       softmax.update<N / 8>(s, corr);
     };
     // With per-batch key counts, the rows of a V tile past this batch's keys
@@ -163,7 +163,7 @@ __device__ inline void consume(const BlockSparseAttentionArgs& a, int64_t q_tile
 // (which moves registers from the producer to the consumers), or 64-row CTAs
 // sized so that at least two share an SM (one would leave the tensor cores
 // idle during its softmax).
-template <typename T, int D, int kConsumers, int N, int STAGES, bool kExactBits>
+template <typename T, int D, int kConsumers, int N, int STAGES, int kTests>
 __global__ void __launch_bounds__(hopper_threads<kConsumers>(), kConsumers == 1 ? 2 : 1)
     hopper_attention(const __grid_constant__ CUtensorMap q_map,
                      const __grid_constant__ CUtensorMap k_map,
@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(hopper_threads<kConsumers>(), kConsumers == 1 
     }
   } else {
     if constexpr (kMoveRegisters) warpgroup_registers_claim<232>();
-    consume<T, D, kConsumers, N, STAGES, kExactBits>(a, q_tiles, ring, warp, lane);
+    consume<T, D, kConsumers, N, STAGES, kTests>(a, q_tiles, ring, warp, lane);
   }
 #endif
 }
@@ -213,10 +213,15 @@ KernelStatus launch(const BlockSparseAttentionArgs& a, int* work_counter, cudaSt
       !encode_operand(&v_map, a.dtype, a.v, a.batch, a.kv_heads, a.k_len, D, a.v_strides, N)) {
     return KernelStatus::invalid("could not describe q, k or v to the tensor copy engine");
   }
-  // A second instantiation reads exact-mask bits: the test costs the
-  // 64-row D = 128 kernel about 40 bytes of spills even where it never runs.
-  auto kernel = a.partial_index != nullptr ? hopper_attention<T, D, kConsumers, N, kStages, true>
-                                           : hopper_attention<T, D, kConsumers, N, kStages, false>;
+  // An instantiation per level of per-element tests: reading exact-mask
+  // bits costs the 64-row D = 128 kernel about 60 bytes of spills even
+  // where it never runs.
+  const int tests = element_tests(a);
+  auto kernel = hopper_attention<T, D, kConsumers, N, kStages, kTestsNone>;
+  if (tests == kTestsBits) kernel = hopper_attention<T, D, kConsumers, N, kStages, kTestsBits>;
+  if (tests == kTestsDocuments) {
+    kernel = hopper_attention<T, D, kConsumers, N, kStages, kTestsDocuments>;
+  }
   const cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kAllocBytes);
   if (err != cudaSuccess) return to_status(err);

@@ -249,12 +249,12 @@ __device__ inline void produce_key_tiles(const CUtensorMap* q_map, const CUtenso
 }
 
 // One consumer warpgroup's 64 keys of every work item: the walk over the
-// item's query tiles, then the dK / dV store. kElementTests: the problem has
-// position conditions (kv_lens, windows, bottom-right causal) or exact-mask
-// bits, tested per element; without, only top-left causal is, in fewer
-// registers (the general test spills in the D = 64 kernel, which two CTAs
-// share an SM).
-template <typename T, int D, int kConsumers, int STAGES, bool kElementTests>
+// item's query tiles, then the dK / dV store. kTests: from kTestsBits up,
+// position conditions (kv_lens, windows, bottom-right causal) and
+// exact-mask bits are tested per element, at kTestsDocuments document ids
+// too; at kTestsNone only top-left causal is, in fewer registers (the
+// general test spills in the D = 64 kernel, which two CTAs share an SM).
+template <typename T, int D, int kConsumers, int STAGES, int kTests>
 __device__ inline void consume_key_tiles(const BlockSparseAttentionBackwardArgs& ba,
                                          int64_t k_tiles, const KeyTileRing<T>& ring, int warp,
                                          int lane) {
@@ -283,7 +283,7 @@ __device__ inline void consume_key_tiles(const BlockSparseAttentionBackwardArgs&
     // (Ranges only move forward with the key, so the last key's start and
     // the first key's end bound them; none if a key is past the batch's.)
     int full_lo = 1, full_hi = 0;
-    if constexpr (kElementTests) {
+    if constexpr (kTests != kTestsNone) {
       const int64_t first_key = kt.k0 + wg * 64, last_key = first_key + 63;
       if (last_key < keys_of(a, kt.b)) {
         int64_t lo, hi, unused;
@@ -323,7 +323,7 @@ __device__ inline void consume_key_tiles(const BlockSparseAttentionBackwardArgs&
       // rows and the warpgroup's 64 keys each lie in one block. -1 where the
       // tile is full or the mask has no bits.
       int slot = -1;
-      if constexpr (kElementTests) {
+      if constexpr (kTests != kTestsNone) {
         if (a.partial_index != nullptr) {
           const int64_t h = *reinterpret_cast<volatile int*>(&ring.head_of[stage]);
           const int64_t* st = a.partial_index_strides;
@@ -331,7 +331,7 @@ __device__ inline void consume_key_tiles(const BlockSparseAttentionBackwardArgs&
                                  ((kt.k0 + wg * 64) / a.block_k) * st[3]];
         }
       }
-      if constexpr (!kElementTests) {
+      if constexpr (kTests == kTestsNone) {
         const bool edge = a.causal && q0 < kt.k0 + NK - 1;
 #pragma unroll
         for (int j = 0; j < kCols; ++j) {
@@ -344,7 +344,8 @@ __device__ inline void consume_key_tiles(const BlockSparseAttentionBackwardArgs&
             dp[4 * j + e] = p * (dp[4 * j + e] - delta[c]);
           }
         }
-      } else if (slot < 0 && row0 >= full_lo && row0 + kRowTile <= full_hi) {
+      } else if (slot < 0 && kTests != kTestsDocuments && row0 >= full_lo &&
+                 row0 + kRowTile <= full_hi) {
 #pragma unroll
         for (int i = 0; i < kRowTile / 2; ++i) {
           const int c = 8 * (i / 4) + 2 * t4 + (i & 1);
@@ -354,10 +355,11 @@ __device__ inline void consume_key_tiles(const BlockSparseAttentionBackwardArgs&
         }
       } else {
         // Per element: the rows [lo, hi) that may see each of the lane's
-        // two keys (none for a key past the batch's: cache junk), and the
-        // tile's bits. Hidden elements get P = dS = 0 by selection, so junk
-        // K / V rows (NaN, say) give dK = dV = 0, as keys that no row sees
-        // do in the generic kernel.
+        // two keys (none for a key past the batch's: cache junk), the
+        // tile's bits and the document ids (rows past q_len and keys past
+        // k_len read the last id). Hidden elements get P = dS = 0 by
+        // selection, so junk K / V rows (NaN, say) give dK = dV = 0, as keys
+        // that no row sees do in the generic kernel.
         int lo[2], hi[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -371,6 +373,14 @@ __device__ inline void consume_key_tiles(const BlockSparseAttentionBackwardArgs&
         // is key_g's; all ones without a slot.
         const uint32_t* words = nullptr;
         int shift = 0;
+        const int64_t* row_ids = nullptr;
+        int64_t key_id[2] = {0, 0};
+        if constexpr (kTests == kTestsDocuments) {
+          row_ids = a.q_documents + kt.b * a.q_documents_stride;
+          const int64_t* kv_ids = a.kv_documents + kt.b * a.kv_documents_stride;
+#pragma unroll
+          for (int r = 0; r < 2; ++r) key_id[r] = kv_ids[min(key_g + 8 * r, a.k_len - 1)];
+        }
         if (slot >= 0) {
           const int key_col = static_cast<int>(key_g % a.block_k);
           words = a.partial_bits +
@@ -383,11 +393,13 @@ __device__ inline void consume_key_tiles(const BlockSparseAttentionBackwardArgs&
           for (int col = 0; col < 2; ++col) {
             const int c = 8 * j + 2 * t4 + col;
             const uint32_t bits = words != nullptr ? words[c * a.bit_words] >> shift : ~0u;
+            int64_t row_id = 0;
+            if constexpr (kTests == kTestsDocuments) row_id = row_ids[min(q0 + c, a.q_len - 1)];
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
               const int e = 2 * r + col;
-              const bool hidden =
-                  row0 + c < lo[r] || row0 + c >= hi[r] || ((bits >> (8 * r)) & 1u) == 0;
+              const bool hidden = row0 + c < lo[r] || row0 + c >= hi[r] ||
+                                  ((bits >> (8 * r)) & 1u) == 0 || row_id != key_id[r];
               const float p = hidden ? 0.f : exp2_flush(s[4 * j + e] * scale_log2 - lse[c]);
               s[4 * j + e] = p;
               dp[4 * j + e] = hidden ? 0.f : p * (dp[4 * j + e] - delta[c]);
@@ -433,7 +445,7 @@ __device__ inline void consume_key_tiles(const BlockSparseAttentionBackwardArgs&
   }
 }
 
-template <typename T, int D, int kConsumers, int STAGES, bool kElementTests>
+template <typename T, int D, int kConsumers, int STAGES, int kTests>
 __global__ void __launch_bounds__(hopper_threads<kConsumers>(), kConsumers == 1 && D == 64 ? 2 : 1)
     hopper_grad_kv(const __grid_constant__ CUtensorMap q_map,
                    const __grid_constant__ CUtensorMap do_map,
@@ -470,7 +482,7 @@ __global__ void __launch_bounds__(hopper_threads<kConsumers>(), kConsumers == 1 
     }
   } else {
     if constexpr (kMoveRegisters) warpgroup_registers_claim<240>();
-    consume_key_tiles<T, D, kConsumers, STAGES, kElementTests>(ba, k_tiles, ring, warp, lane);
+    consume_key_tiles<T, D, kConsumers, STAGES, kTests>(ba, k_tiles, ring, warp, lane);
   }
 #endif
 }
@@ -479,10 +491,10 @@ __global__ void __launch_bounds__(hopper_threads<kConsumers>(), kConsumers == 1 
 
 // One consumer warpgroup's 64 query rows of every work item: the walk over
 // the item's key tiles, then the dQ store. Q and dO sit one after the other
-// in the ring's Q buffer. kExactBits: the mask has partial tiles, whose
-// bits are read (a second instantiation, so that the kernels without keep
-// their registers).
-template <typename T, int D, int kConsumers, int STAGES, bool kExactBits>
+// in the ring's Q buffer. kTests: the per-element mask tests
+// (element_tests), one instantiation per level, so that the kernels without
+// keep their registers.
+template <typename T, int D, int kConsumers, int STAGES, int kTests>
 __device__ inline void consume_query_tiles(const BlockSparseAttentionBackwardArgs& ba,
                                            int64_t q_tiles, const Ring<T>& ring, int warp,
                                            int lane) {
@@ -555,7 +567,7 @@ __device__ inline void consume_query_tiles(const BlockSparseAttentionBackwardArg
       // the producer may load the next item's.
       if (entry & kLastTile) release(ring.q_empty);
       scale_and_mask<N / 8>(s, scale_log2, tile * N, row_keys, t4);
-      if constexpr (kExactBits) mask_partial_bits<N / 8>(s, a, qt.b, qt.h, row_g, tile * N, t4);
+      mask_elements<kTests, N / 8>(s, a, qt.b, qt.h, row_g, tile * N, t4);
 #pragma unroll
       for (int i = 0; i < N / 2; ++i) {
         const int r = (i >> 1) & 1;
@@ -589,7 +601,7 @@ __device__ inline void consume_query_tiles(const BlockSparseAttentionBackwardArg
   }
 }
 
-template <typename T, int D, int kConsumers, int STAGES, bool kExactBits>
+template <typename T, int D, int kConsumers, int STAGES, int kTests>
 __global__ void __launch_bounds__(hopper_threads<kConsumers>(), kConsumers == 1 ? 2 : 1)
     hopper_grad_q(const __grid_constant__ CUtensorMap q_map,
                   const __grid_constant__ CUtensorMap do_map,
@@ -614,7 +626,7 @@ __global__ void __launch_bounds__(hopper_threads<kConsumers>(), kConsumers == 1 
     }
   } else {
     if constexpr (kMoveRegisters) warpgroup_registers_claim<232>();
-    consume_query_tiles<T, D, kConsumers, STAGES, kExactBits>(ba, q_tiles, ring, warp, lane);
+    consume_query_tiles<T, D, kConsumers, STAGES, kTests>(ba, q_tiles, ring, warp, lane);
   }
 #endif
 }
@@ -651,9 +663,12 @@ KernelStatus launch_grad_kv(const BlockSparseAttentionBackwardArgs& ba, int* wor
     return KernelStatus::invalid("could not describe the operands to the tensor copy engine");
   }
   const int64_t k_tiles = ceil_div(a.k_len, NK);
-  const bool element_tests = has_position_conditions(a) || a.partial_index != nullptr;
-  const auto kernel = element_tests ? hopper_grad_kv<T, D, kConsumers, kStages, true>
-                                    : hopper_grad_kv<T, D, kConsumers, kStages, false>;
+  // Position conditions take the per-element tests of the bits' level.
+  const int tests =
+      std::max(element_tests(a), has_position_conditions(a) ? kTestsBits : kTestsNone);
+  auto kernel = hopper_grad_kv<T, D, kConsumers, kStages, kTestsNone>;
+  if (tests == kTestsBits) kernel = hopper_grad_kv<T, D, kConsumers, kStages, kTestsBits>;
+  if (tests == kTestsDocuments) kernel = hopper_grad_kv<T, D, kConsumers, kStages, kTestsDocuments>;
   return launch_persistent(kernel, hopper_threads<kConsumers>(), L::kAllocBytes,
                            k_tiles * a.batch * a.kv_heads, stream, q_map, do_map, k_map, v_map,
                            ba, k_tiles, work_counter);
@@ -678,8 +693,10 @@ KernelStatus launch_grad_q(const BlockSparseAttentionBackwardArgs& ba, int* work
     return KernelStatus::invalid("could not describe the operands to the tensor copy engine");
   }
   const int64_t q_tiles = ceil_div(a.q_len, M);
-  const auto kernel = a.partial_index != nullptr ? hopper_grad_q<T, D, kConsumers, kStages, true>
-                                                 : hopper_grad_q<T, D, kConsumers, kStages, false>;
+  const int tests = element_tests(a);
+  auto kernel = hopper_grad_q<T, D, kConsumers, kStages, kTestsNone>;
+  if (tests == kTestsBits) kernel = hopper_grad_q<T, D, kConsumers, kStages, kTestsBits>;
+  if (tests == kTestsDocuments) kernel = hopper_grad_q<T, D, kConsumers, kStages, kTestsDocuments>;
   return launch_persistent(kernel, hopper_threads<kConsumers>(), L::kAllocBytes,
                            q_tiles * a.batch * a.heads, stream, q_map, do_map, k_map, v_map, ba,
                            q_tiles, work_counter);

@@ -120,10 +120,9 @@ enum class AttentionPath : int { kHost, kCudaGeneric, kCudaTensorCore, kCudaHopp
 // Rows of one CTA of the tensor-core forward kernels for this problem, 0
 // when they cannot run it: float16/bfloat16, head_dim == v_dim in {64, 128},
 // block_q a multiple of 64, block_k a multiple of 64 (the kernel's key tile),
-// no document ids (position conditions and exact-mask bits are fine), unit
-// inner strides and 16-byte aligned rows of q, k, v and out.
+// unit inner strides and 16-byte aligned rows of q, k, v and out. Position
+// conditions, exact-mask bits and document ids are all fine.
 inline int tensor_core_tile_rows(const BlockSparseAttentionArgs& a) {
-  if (a.q_documents != nullptr) return 0;
   const bool half = a.dtype == FloatDtype::kFloat16 || a.dtype == FloatDtype::kBFloat16;
   if (!half || a.head_dim != a.v_dim || (a.head_dim != 64 && a.head_dim != 128)) return 0;
   if (a.block_k % 64 != 0 || a.block_q % 64 != 0) return 0;
@@ -192,6 +191,19 @@ bool block_sparse_attention_hopper_available(int device);
 BARACUDA_HOST_DEVICE inline bool has_position_conditions(const BlockSparseAttentionArgs& a) {
   return a.kv_lens != nullptr || a.window_left != kUnboundedWindow ||
          a.window_right != kUnboundedWindow || (a.causal && a.bottom_right && a.q_len != a.k_len);
+}
+
+// The per-element mask tests a Hopper kernel instantiation carries, in
+// increasing order. Each level costs registers (spills in some kernels)
+// even where its tests never run, so a problem runs the least level that
+// covers it: element_tests.
+constexpr int kTestsNone = 0;
+constexpr int kTestsBits = 1;       // an exact mask's bits of its partial tiles
+constexpr int kTestsDocuments = 2;  // document ids, and bits where the mask has them
+
+BARACUDA_HOST_DEVICE inline int element_tests(const BlockSparseAttentionArgs& a) {
+  if (a.q_documents != nullptr) return kTestsDocuments;
+  return a.partial_index != nullptr ? kTestsBits : kTestsNone;
 }
 
 // The keys batch b sees: kv_lens[b] clamped to [0, k_len], else k_len.

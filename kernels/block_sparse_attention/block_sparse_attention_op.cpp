@@ -34,16 +34,16 @@ Plan plan(const AttentionProblem& p) {
     if (!half) return {AttentionPath::kHost, p.q, p.k, p.v};
     return {AttentionPath::kHost, p.q.to(at::kFloat), p.k.to(at::kFloat), p.v.to(at::kFloat)};
   }
-  if (tensor_core_shape(p)) {
 #ifdef BARACUDA_WITH_CUDA
-    // BARACUDA_DISABLE_WGMMA=1 keeps Hopper GPUs on the mma.sync kernel: to
-    // compare the two, or to rule the newer one out when chasing a problem.
-    const bool hopper = !env_flag("BARACUDA_DISABLE_WGMMA") &&
-                        block_sparse_attention_hopper_available(p.q.get_device());
-    const AttentionPath path = hopper ? AttentionPath::kCudaHopper : AttentionPath::kCudaTensorCore;
+  // BARACUDA_DISABLE_WGMMA=1 keeps Hopper GPUs on the mma.sync kernel: to
+  // compare the two, or to rule the newer one out when chasing a problem.
+  const bool hopper = !env_flag("BARACUDA_DISABLE_WGMMA") &&
+                      block_sparse_attention_hopper_available(p.q.get_device());
 #else
-    const AttentionPath path = AttentionPath::kCudaTensorCore;
+  const bool hopper = false;
 #endif
+  if (tensor_core_shape(p, hopper)) {
+    const AttentionPath path = hopper ? AttentionPath::kCudaHopper : AttentionPath::kCudaTensorCore;
     return {path, tensor_core_ready(p.q), tensor_core_ready(p.k), tensor_core_ready(p.v)};
   }
   return {AttentionPath::kCudaGeneric, p.q, p.k, p.v};

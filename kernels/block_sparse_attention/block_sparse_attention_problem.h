@@ -71,9 +71,10 @@ at::Tensor tensor_core_ready(const at::Tensor& t);
 
 // Whether the problem fits the tensor-core forward kernels apart from their
 // layout needs: float16 / bfloat16, head_dim == v_dim in {64, 128}, blocks
-// that are multiples of 64, and no document ids (position conditions and
-// exact-mask bits are fine).
-bool tensor_core_shape(const AttentionProblem& p);
+// that are multiples of 64; position conditions and exact-mask bits are
+// fine, document ids only on the Hopper kernels (`hopper`) with
+// BARACUDA_TENSOR_CORE_DOCUMENT_IDS=1.
+bool tensor_core_shape(const AttentionProblem& p, bool hopper);
 
 // Whether environment variable `name` is set to anything but "" or "0".
 bool env_flag(const char* name);

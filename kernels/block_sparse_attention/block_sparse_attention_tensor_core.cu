@@ -255,7 +255,10 @@ int64_t tensor_core_key_splits(const BlockSparseAttentionArgs& a) {
 KernelStatus block_sparse_attention_tensor_core_cuda(const BlockSparseAttentionArgs& a,
                                                      void* stream) {
   const int rows = tensor_core_tile_rows(a);
-  if (rows == 0) return KernelStatus::invalid("problem not eligible for the tensor-core kernel");
+  // Document ids are tested by the Hopper kernels only.
+  if (rows == 0 || a.q_documents != nullptr) {
+    return KernelStatus::invalid("problem not eligible for the tensor-core kernel");
+  }
   const auto s = static_cast<cudaStream_t>(stream);
   if (a.dtype == FloatDtype::kFloat16) return launch_for_dtype<__half>(a, rows, s);
   return launch_for_dtype<__nv_bfloat16>(a, rows, s);

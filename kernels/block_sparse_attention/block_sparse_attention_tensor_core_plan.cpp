@@ -35,10 +35,11 @@ void packed_strides(int64_t* out, const at::Tensor& t, int64_t group) {
 
 // Packing needs one mask row for every head of a group and every query: a
 // mask broadcast over heads, with one query block (or broadcast over them),
-// and no exact-mask bits (their rows are queries, not packed rows).
+// and no masks tested per element (exact-mask bits, document ids: their
+// rows are queries, not packed rows).
 bool can_pack(const BlockSparseAttentionArgs& a, const at::Tensor& q, const at::Tensor& out) {
   const int64_t group = a.heads / a.kv_heads;
-  return group > 1 && a.q_len < kPackBelowQueries && a.partial_index == nullptr &&
+  return group > 1 && a.q_len < kPackBelowQueries && element_tests(a) == kTestsNone &&
          a.mask_strides[1] == 0 &&
          (a.num_q_blocks == 1 || a.mask_strides[2] == 0) && rows_pack(q) && rows_pack(out);
 }

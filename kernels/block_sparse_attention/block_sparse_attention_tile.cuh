@@ -191,6 +191,46 @@ __device__ inline void mask_partial_bits(float (&s)[4 * SJ], const BlockSparseAt
   }
 }
 
+// Hides the scores of keys whose document id differs from the row's
+// (document_ids): one key tile (SJ 8-key groups from key0) of the lane's
+// rows row_g and row_g + 8 in batch b. Rows past q_len and keys past k_len
+// read the last id: their scores are hidden by position or never stored.
+template <int SJ>
+__device__ inline void mask_other_documents(float (&s)[4 * SJ], const BlockSparseAttentionArgs& a,
+                                            int64_t b, int64_t row_g, int key0, int t4) {
+  const int64_t* q_ids = a.q_documents + b * a.q_documents_stride;
+  const int64_t* kv_ids = a.kv_documents + b * a.kv_documents_stride;
+  int64_t row_id[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) row_id[r] = q_ids[min(row_g + 8 * r, a.q_len - 1)];
+  const int last_key = static_cast<int>(a.k_len) - 1;
+#pragma unroll
+  for (int j = 0; j < SJ; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int64_t id = kv_ids[min(key0 + 8 * j + 2 * t4 + e, last_key)];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        if (id != row_id[r]) s[4 * j + 2 * r + e] = -INFINITY;
+      }
+    }
+  }
+}
+
+// The per-element tests of level kTests (kTestsBits: the exact mask's bits,
+// which the problem has; kTestsDocuments: document ids, and bits where
+// there are), as mask_partial_bits and mask_other_documents do them.
+template <int kTests, int SJ>
+__device__ inline void mask_elements(float (&s)[4 * SJ], const BlockSparseAttentionArgs& a,
+                                     int64_t b, int64_t h, int64_t row_g, int key0, int t4) {
+  if constexpr (kTests == kTestsBits) {
+    mask_partial_bits<SJ>(s, a, b, h, row_g, key0, t4);
+  } else if constexpr (kTests == kTestsDocuments) {
+    if (a.partial_index != nullptr) mask_partial_bits<SJ>(s, a, b, h, row_g, key0, t4);
+    mask_other_documents<SJ>(s, a, b, row_g, key0, t4);
+  }
+}
+
 // Running max (log2 units) and this lane's partial sum of its rows g and
 // g + 8; the four lanes of a row add their sums up at the end.
 struct OnlineSoftmaxRows {
