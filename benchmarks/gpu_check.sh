@@ -4,6 +4,11 @@
 #
 #   bash benchmarks/gpu_check.sh OUT_DIR
 #
+# A part of it, for a session with little GPU time:
+#   TESTS="-q -n 8 tests -k cuda"   pytest's arguments (default: -q tests; none: skip)
+#   FAMILIES="merge scan"            benchmark families (default: all; none: skip)
+#   MAIN=0                           skip the main job
+#
 # Logs land in OUT_DIR (build.log, env.txt, tests.log, main.log, bench.log,
 # results.md). A failing step is recorded and the later steps still run, so one
 # run yields every log; the exit status is non-zero if any step failed.
@@ -47,17 +52,27 @@ step() {
     if (( rc != 0 )); then failed+=("$name (exit $rc)"); fi
 }
 
-step tests "$OUT/tests.log" "$PY" -m pytest -q tests
-# The main job is optional until its module exists; once it exists, it must pass.
-if [[ -f baracuda_torch/__main__.py ]]; then
-    step main "$OUT/main.log" "$PY" -m baracuda_torch
+TESTS=${TESTS:--q tests}
+FAMILIES=${FAMILIES:-all}
+if [[ $TESTS != none ]]; then
+    read -r -a test_args <<< "$TESTS"
+    step tests "$OUT/tests.log" "$PY" -m pytest "${test_args[@]}"
 else
-    echo "baracuda_torch.__main__ not present: main job skipped" | tee "$OUT/main.log"
+    echo "tests skipped" > "$OUT/tests.log"
 fi
-step bench "$OUT/bench.log" "$PY" benchmarks/run.py --out "$OUT/results.md"
-# Time vs sparsity plot (CSV always, PNG when matplotlib is installed).
-step plot "$OUT/plot.log" "$PY" benchmarks/plot_block_sparse_attention.py
-cp benchmarks/block_sparse_attention_sparsity.* "$OUT"/ 2>/dev/null || true
+if [[ ${MAIN:-1} != 0 ]]; then
+    step main "$OUT/main.log" "$PY" -m baracuda_torch
+fi
+if [[ $FAMILIES == all ]]; then
+    step bench "$OUT/bench.log" "$PY" benchmarks/run.py --out "$OUT/results.md"
+    # Time vs sparsity plot (CSV always, PNG when matplotlib is installed).
+    step plot "$OUT/plot.log" "$PY" benchmarks/plot_block_sparse_attention.py
+    cp benchmarks/block_sparse_attention_sparsity.* "$OUT"/ 2>/dev/null || true
+elif [[ $FAMILIES != none ]]; then
+    family_args=()
+    for f in $FAMILIES; do family_args+=(--family "$f"); done
+    step bench "$OUT/bench.log" "$PY" benchmarks/run.py "${family_args[@]}" --out "$OUT/results.md"
+fi
 
 echo
 echo "== summary"
