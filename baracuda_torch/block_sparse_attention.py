@@ -199,9 +199,9 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, block_mask=None, *,
         block_size: ``block_q = block_k`` (int) or ``(block_q, block_k)``;
             default 64, an exact mask's own with one (give no other). Any
             positive sizes are correct; multiples of 64 take the tensor-core
-            path on CUDA for float16/bfloat16 with ``D = Dv`` in {64, 128}
-            (without document ids or partial exact-mask tiles, which run the
-            generic kernel).
+            path on CUDA for float16/bfloat16 with ``D = Dv`` in {64, 128},
+            forward and backward (without document ids, which run the
+            generic kernels).
         scale: score scale, default ``1 / sqrt(D)``.
         is_causal: hide keys after the query's position; key blocks past it
             are skipped.

@@ -185,9 +185,7 @@ bool block_sparse_attention_hopper_available(int device);
 
 // Conditions that hold a key visible by position alone (per-batch key
 // counts, a window, bottom-right causal), beyond top-left causal. Every
-// executor takes them; the Hopper backward's own test of them is opt-in
-// (block_sparse_attention_backward_op.cpp), and the tile walks skip their
-// bookkeeping without them.
+// executor takes them; the tile walks skip their bookkeeping without them.
 BARACUDA_HOST_DEVICE inline bool has_position_conditions(const BlockSparseAttentionArgs& a) {
   return a.kv_lens != nullptr || a.window_left != kUnboundedWindow ||
          a.window_right != kUnboundedWindow || (a.causal && a.bottom_right && a.q_len != a.k_len);
