@@ -62,6 +62,18 @@ def compare(q, k, v, block_mask, block_size, dense, **conditions):
     return out
 
 
+def assert_runs_identical(q, k, v, m, block_size, **conditions):
+    """Outputs and gradients (through out and lse) bit-identical on two runs."""
+    g = torch.Generator().manual_seed(97)
+    grad_out = torch.randn(q.shape, generator=g).to(q.dtype).to(q.device)
+    grad_lse = torch.randn(q.shape[:3], generator=g).to(q.device)
+    first, second = (run(q, k, v, m, block_size, grad_out, grad_lse, **conditions)
+                     for _ in range(2))
+    assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
+    for got, want in zip(first[2], second[2]):
+        assert torch.equal(got, want)
+
+
 def check(q, k, v, m, block_size, **conditions):
     """A tile mask (None: every tile) with element conditions; returns the
     dense element mask."""
@@ -657,14 +669,7 @@ def test_tensor_core_exact_masks(device, monkeypatch, block_size, executor):
             path = bt.block_sparse_attention_path(q, k, v, exact, **conditions)
             assert path != "cuda_generic", path
             check_exact(q, k, v, exact, **conditions)
-            g = torch.Generator().manual_seed(97)
-            grad_out = torch.randn(q.shape, generator=g).to(q.dtype).to(device)
-            grad_lse = torch.randn(q.shape[:3], generator=g).to(device)
-            first, second = (run(q, k, v, exact, None, grad_out, grad_lse, **conditions)
-                             for _ in range(2))
-            assert torch.equal(first[0], second[0])
-            for got, want in zip(first[2], second[2]):
-                assert torch.equal(got, want)
+            assert_runs_identical(q, k, v, exact, None, **conditions)
 
 
 @pytest.mark.parametrize("block_size", [64, 128, (128, 64), (64, 128)])
@@ -707,14 +712,7 @@ def test_hopper_document_ids(device, monkeypatch, block_size):
                 check_exact(q, k, v, exact, **conditions)
             else:
                 check(q, k, v, m, pair, **conditions)
-            g = torch.Generator().manual_seed(102)
-            grad_out = torch.randn(q.shape, generator=g).to(q.dtype).to(device)
-            grad_lse = torch.randn(q.shape[:3], generator=g).to(device)
-            first, second = (run(q, k, v, m, size, grad_out, grad_lse, **conditions)
-                             for _ in range(2))
-            assert torch.equal(first[0], second[0])
-            for got, want in zip(first[2], second[2]):
-                assert torch.equal(got, want)
+            assert_runs_identical(q, k, v, m, size, **conditions)
     monkeypatch.setenv("BARACUDA_DISABLE_WGMMA", "1")
     assert bt.block_sparse_attention_path(q, k, v, None, block_size=block_size,
                                           document_ids=(packed_q, packed_k)) == "cuda_generic"
