@@ -672,6 +672,20 @@ def test_tensor_core_exact_masks(device, monkeypatch, block_size, executor):
             assert_runs_identical(q, k, v, exact, None, **conditions)
 
 
+def check_on_wgmma(q, k, v, m, block_size, **conditions):
+    """A tile mask (block_size a pair) or an exact mask (its own sizes) on
+    the Hopper kernels: against float64 attention, and the same bits twice."""
+    exact = isinstance(m, masks.ExactMask)
+    size = None if exact else block_size
+    assert bt.block_sparse_attention_path(q, k, v, m, block_size=size,
+                                          **conditions) == "cuda_wgmma"
+    if exact:
+        check_exact(q, k, v, m, **conditions)
+    else:
+        check(q, k, v, m, block_size, **conditions)
+    assert_runs_identical(q, k, v, m, size, **conditions)
+
+
 @pytest.mark.parametrize("block_size", [64, 128, (128, 64), (64, 128)])
 def test_hopper_document_ids(device, monkeypatch, block_size):
     """The Hopper kernels' test of document ids (forward and backward; opt-in
@@ -704,15 +718,54 @@ def test_hopper_document_ids(device, monkeypatch, block_size):
                 ((packed_q, packed_k), tiles, {}),
                 ((mixed_q, mixed_k), None, {}),
                 ((mixed_q, mixed_k), exact, dict(window=(200, 10), causal_align="bottom_right"))):
-            conditions = dict(conditions, document_ids=ids)
-            size = None if m is exact else pair
-            assert bt.block_sparse_attention_path(q, k, v, m, block_size=size,
-                                                  **conditions) == "cuda_wgmma"
-            if m is exact:
-                check_exact(q, k, v, exact, **conditions)
-            else:
-                check(q, k, v, m, pair, **conditions)
-            assert_runs_identical(q, k, v, m, size, **conditions)
+            check_on_wgmma(q, k, v, m, pair, **conditions, document_ids=ids)
     monkeypatch.setenv("BARACUDA_DISABLE_WGMMA", "1")
     assert bt.block_sparse_attention_path(q, k, v, None, block_size=block_size,
                                           document_ids=(packed_q, packed_k)) == "cuda_generic"
+
+
+@pytest.mark.parametrize("block_size", [64, 128, (128, 64), (64, 128)])
+def test_hopper_head_dim_256(device, monkeypatch, block_size):
+    """The Hopper forward with 256-wide heads (opt-in with
+    BARACUDA_HOPPER_HEAD_DIM_256=1 until it has run on a GPU): a random tile
+    mask, causal, GQA and uneven lengths; bottom-right causal with a window;
+    an exact mask; a decode over a cache with kv_lens and NaN past the
+    lengths (keys split across CTAs). Outputs, lse and gradients (the
+    backward runs the generic kernel) against float64 attention,
+    bit-identical on a second run; the mma.sync executor leaves 256-wide
+    heads to the generic kernel."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] != 9:
+        pytest.skip("the wgmma kernels run on Hopper GPUs")
+    monkeypatch.setenv("BARACUDA_HOPPER_HEAD_DIM_256", "1")
+    pair = (block_size, block_size) if isinstance(block_size, int) else block_size
+    B, H, Lq, Lk, D = 2, 4, 300, 517, 256
+    q, k, v = inputs(B, H, 2, Lq, Lk, D, D, torch.bfloat16, device, seed=103)
+    tiles = random_mask(B, H, Lq, Lk, block_size, device, density=0.6, seed=104)
+    g = torch.Generator().manual_seed(105)
+    dense = torch.rand(1, 1, Lq, Lk, generator=g) < 0.5
+    dense[..., :128] = True
+    exact = masks.from_dense(dense.to(device), block_size)
+    for m, conditions in ((tiles, {}), (tiles, dict(is_causal=True)),
+                          (None, dict(is_causal=True, causal_align="bottom_right",
+                                      window=(150, 0))),
+                          (exact, {})):
+        check_on_wgmma(q, k, v, m, pair, **conditions)
+    # Decode: 4 queries per head over a long cache, junk past the lengths.
+    S = 2500
+    qd, kc, vc = inputs(B, H, 2, 4, S, D, D, torch.bfloat16, device, seed=106)
+    lens = torch.tensor([S, 1333], device=device)
+    kc[1, :, 1333:] = float("nan")
+    vc[1, :, 1333:] = float("nan")
+    out, lse = bt.block_sparse_attention(qd, kc, vc, None, block_size=pair, is_causal=True,
+                                         causal_align="bottom_right", kv_lens=lens,
+                                         return_lse=True)
+    for b, n in enumerate(lens.tolist()):
+        dense = element_mask(1, H, 4, n, is_causal=True, causal_align="bottom_right")
+        want_out, want_lse = reference_attention(qd[b:b + 1].double().cpu(),
+                                                 kc[b:b + 1, :, :n].double().cpu(),
+                                                 vc[b:b + 1, :, :n].double().cpu(), dense)
+        torch.testing.assert_close(out[b:b + 1].double().cpu(), want_out, **tol(torch.bfloat16))
+        torch.testing.assert_close(lse[b:b + 1].double().cpu(), want_lse,
+                                   **lse_tol(torch.bfloat16))
+    monkeypatch.setenv("BARACUDA_DISABLE_WGMMA", "1")
+    assert bt.block_sparse_attention_path(q, k, v, tiles, block_size=pair) == "cuda_generic"

@@ -46,10 +46,11 @@ at::Tensor compute_operand(const at::Tensor& t) {
 }
 
 #ifdef BARACUDA_WITH_CUDA
-// The wgmma backward takes the problems the Hopper forward takes;
-// everything else runs the generic executor.
+// The wgmma backward takes the problems the Hopper forward takes, but for
+// 256-wide heads; everything else runs the generic executor.
 bool use_hopper_backward(const AttentionProblem& p) {
-  return tensor_core_shape(p, /*hopper=*/true) && !env_flag("BARACUDA_DISABLE_WGMMA") &&
+  return tensor_core_shape(p, /*hopper=*/true) && p.q.size(3) <= 128 &&
+         !env_flag("BARACUDA_DISABLE_WGMMA") &&
          block_sparse_attention_hopper_available(p.q.get_device());
 }
 #endif

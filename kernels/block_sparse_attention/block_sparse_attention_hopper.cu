@@ -162,9 +162,11 @@ __device__ inline void consume(const BlockSparseAttentionArgs& a, int64_t q_tile
 // A persistent grid of as many CTAs as fit at once: one 128-row CTA per SM
 // (which moves registers from the producer to the consumers), or 64-row CTAs
 // sized so that at least two share an SM (one would leave the tensor cores
-// idle during its softmax).
+// idle during its softmax), except with 256-wide heads, whose accumulator
+// alone takes 128 registers a thread.
 template <typename T, int D, int kConsumers, int N, int STAGES, int kTests>
-__global__ void __launch_bounds__(hopper_threads<kConsumers>(), kConsumers == 1 ? 2 : 1)
+__global__ void __launch_bounds__(hopper_threads<kConsumers>(),
+                                  kConsumers == 1 && D <= 128 ? 2 : 1)
     hopper_attention(const __grid_constant__ CUtensorMap q_map,
                      const __grid_constant__ CUtensorMap k_map,
                      const __grid_constant__ CUtensorMap v_map, const BlockSparseAttentionArgs a,
@@ -199,9 +201,11 @@ template <typename T, int D, int kConsumers, int N>
 KernelStatus launch(const BlockSparseAttentionArgs& a, int* work_counter, cudaStream_t stream) {
   constexpr int M = 64 * kConsumers;
   // Three stages where they fit in the 227 KiB one CTA may have; 64-row
-  // CTAs keep two so that two of them fit on an SM.
+  // CTAs keep two so that two of them fit on an SM (not with 256-wide
+  // heads, one CTA per SM).
+  constexpr bool kOnePerSm = kConsumers > 1 || D > 128;
   constexpr int kStages =
-      kConsumers > 1 && HopperLayout<D, M, N, 3>::kAllocBytes <= 227 * 1024 ? 3 : 2;
+      kOnePerSm && HopperLayout<D, M, N, 3>::kAllocBytes <= 227 * 1024 ? 3 : 2;
   using L = HopperLayout<D, M, N, kStages>;
   const int64_t q_tiles = ceil_div(a.q_len, M);
   const int64_t items = q_tiles * a.batch * a.heads * a.kv_splits;
@@ -235,18 +239,23 @@ KernelStatus launch(const BlockSparseAttentionArgs& a, int* work_counter, cudaSt
 template <typename T, int D>
 KernelStatus launch_for_blocks(const BlockSparseAttentionArgs& a, int* counter, cudaStream_t s) {
   // 128 query rows (two warpgroups) when the query block allows it; 128-key
-  // tiles when the key block does and both warpgroups share them.
-  if (a.block_q % 128 == 0) {
-    return a.block_k % 128 == 0 ? launch<T, D, 2, 128>(a, counter, s)
-                                : launch<T, D, 2, 64>(a, counter, s);
+  // tiles when the key block does and both warpgroups share them. 256-wide
+  // heads take 64 rows and 64 keys, one CTA per SM: two warpgroups would
+  // spill (ptxas: 140 bytes and more past the 232 registers they get).
+  if constexpr (D <= 128) {
+    if (a.block_q % 128 == 0) {
+      return a.block_k % 128 == 0 ? launch<T, D, 2, 128>(a, counter, s)
+                                  : launch<T, D, 2, 64>(a, counter, s);
+    }
   }
   return launch<T, D, 1, 64>(a, counter, s);
 }
 
 template <typename T>
 KernelStatus launch_for_dtype(const BlockSparseAttentionArgs& a, int* counter, cudaStream_t s) {
-  return a.head_dim == 64 ? launch_for_blocks<T, 64>(a, counter, s)
-                          : launch_for_blocks<T, 128>(a, counter, s);
+  if (a.head_dim == 64) return launch_for_blocks<T, 64>(a, counter, s);
+  if (a.head_dim == 128) return launch_for_blocks<T, 128>(a, counter, s);
+  return launch_for_blocks<T, 256>(a, counter, s);
 }
 
 }  // namespace

@@ -731,7 +731,8 @@ KernelStatus block_sparse_attention_backward_hopper_cuda(const BlockSparseAttent
   BlockSparseAttentionArgs layout = ba.forward;  // the alignment test of the forward's operands
   layout.out = const_cast<void*>(ba.grad_out);  // only its address is tested
   std::copy(ba.grad_out_strides, ba.grad_out_strides + 4, layout.out_strides);
-  if (tensor_core_tile_rows(layout) == 0 || ba.rows_stride % 128 != 0) {
+  if (tensor_core_tile_rows(layout) == 0 || ba.forward.head_dim > 128 ||
+      ba.rows_stride % 128 != 0) {
     return KernelStatus::invalid("problem not eligible for the Hopper backward kernels");
   }
   const auto s = static_cast<cudaStream_t>(stream);

@@ -118,13 +118,15 @@ struct BlockSparseAttentionBackwardArgs {
 enum class AttentionPath : int { kHost, kCudaGeneric, kCudaTensorCore, kCudaHopper };
 
 // Rows of one CTA of the tensor-core forward kernels for this problem, 0
-// when they cannot run it: float16/bfloat16, head_dim == v_dim in {64, 128},
-// block_q a multiple of 64, block_k a multiple of 64 (the kernel's key tile),
-// unit inner strides and 16-byte aligned rows of q, k, v and out. Position
-// conditions, exact-mask bits and document ids are all fine.
+// when they cannot run it: float16/bfloat16, head_dim == v_dim in {64, 128}
+// (256: the Hopper forward only), block_q a multiple of 64, block_k a
+// multiple of 64 (the kernel's key tile), unit inner strides and 16-byte
+// aligned rows of q, k, v and out. Position conditions, exact-mask bits and
+// document ids are all fine.
 inline int tensor_core_tile_rows(const BlockSparseAttentionArgs& a) {
   const bool half = a.dtype == FloatDtype::kFloat16 || a.dtype == FloatDtype::kBFloat16;
-  if (!half || a.head_dim != a.v_dim || (a.head_dim != 64 && a.head_dim != 128)) return 0;
+  const bool dims = a.head_dim == 64 || a.head_dim == 128 || a.head_dim == 256;
+  if (!half || a.head_dim != a.v_dim || !dims) return 0;
   if (a.block_k % 64 != 0 || a.block_q % 64 != 0) return 0;
   auto aligned = [](const void* p, const int64_t* s) {
     // 16 bytes = 8 half elements: every row start must be a multiple of it.
@@ -135,7 +137,7 @@ inline int tensor_core_tile_rows(const BlockSparseAttentionArgs& a) {
       !aligned(a.out, a.out_strides)) {
     return 0;
   }
-  return a.block_q % 128 == 0 ? 128 : 64;
+  return a.block_q % 128 == 0 && a.head_dim <= 128 ? 128 : 64;
 }
 
 // Host executor for float32 / float64 (the op layer upcasts half types).

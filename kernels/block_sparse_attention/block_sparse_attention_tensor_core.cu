@@ -240,11 +240,12 @@ KernelStatus launch_for_dtype(const BlockSparseAttentionArgs& a, int rows, cudaS
 
 int64_t tensor_core_key_splits(const BlockSparseAttentionArgs& a) {
   // Two 64-row CTAs or one 128-row CTA per SM run at once (the Hopper
-  // kernel's residency; the mma.sync kernel's is no lower).
+  // kernel's residency; the mma.sync kernel's is no lower), one 64-row CTA
+  // with 256-wide heads.
   constexpr int64_t kMinSplitKeys = 512;  // a split's Q load and state write stay small next to it
   const int rows = tensor_core_tile_rows(a);
   if (rows == 0) return 1;
-  const int64_t wave = multiprocessors() * (rows == 64 ? 2 : 1);
+  const int64_t wave = multiprocessors() * (rows == 64 && a.head_dim <= 128 ? 2 : 1);
   const int64_t tiles = ceil_div(a.q_len, rows) * a.batch * a.heads;
   if (tiles == 0 || tiles * 2 > wave) return 1;
   // As many splits as fit in one wave: a second, partial wave would cost a
@@ -255,8 +256,8 @@ int64_t tensor_core_key_splits(const BlockSparseAttentionArgs& a) {
 KernelStatus block_sparse_attention_tensor_core_cuda(const BlockSparseAttentionArgs& a,
                                                      void* stream) {
   const int rows = tensor_core_tile_rows(a);
-  // Document ids are tested by the Hopper kernels only.
-  if (rows == 0 || a.q_documents != nullptr) {
+  // Document ids and 256-wide heads are the Hopper kernels' only.
+  if (rows == 0 || a.q_documents != nullptr || a.head_dim == 256) {
     return KernelStatus::invalid("problem not eligible for the tensor-core kernel");
   }
   const auto s = static_cast<cudaStream_t>(stream);

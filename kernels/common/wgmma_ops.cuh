@@ -1,6 +1,7 @@
 // The warpgroup MMA forms the kernels use (sm_90a): m64nNk16 with 16-bit
-// inputs and float32 accumulators, N in {64, 128}. Accumulators are laid out
-// as PTX's wgmma D fragment, per warp w of the warpgroup and lane l:
+// inputs and float32 accumulators, N in {64, 128} (and 256 with A from
+// registers). Accumulators are laid out as PTX's wgmma D fragment, per
+// warp w of the warpgroup and lane l:
 //   d[4 j + 0..1]: row 16 w + l / 4,     columns 8 j + 2 (l % 4) + 0..1
 //   d[4 j + 2..3]: row 16 w + l / 4 + 8, the same columns
 // `accumulate` false overwrites d (D = A B), true adds to it (D += A B).
@@ -46,6 +47,29 @@ __device__ inline void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint6
   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), \
   "+f"(d[62]), "+f"(d[63])
 
+#define BARACUDA_WGMMA_D_N256 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15" \
+  ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
+  ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47" \
+  ", %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" \
+  ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79" \
+  ", %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95" \
+  ", %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111" \
+  ", %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
+#define BARACUDA_WGMMA_OUT_N256 \
+  BARACUDA_WGMMA_OUT_N128, \
+  "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), \
+  "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), \
+  "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), \
+  "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
+  "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), \
+  "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), \
+  "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), \
+  "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
+  "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), \
+  "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), \
+  "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+
 // A is operand N/2 (descriptor) or N/2..N/2+3 (registers); the predicate
 // operand comes last.
 #define BARACUDA_WGMMA_SS(T, PTX, N, A, B, P)                                              \
@@ -79,11 +103,16 @@ BARACUDA_WGMMA_RS(__half, "f16", 64, 32, 33, 34, 35, 36, 37)
 BARACUDA_WGMMA_RS(__nv_bfloat16, "bf16", 64, 32, 33, 34, 35, 36, 37)
 BARACUDA_WGMMA_RS(__half, "f16", 128, 64, 65, 66, 67, 68, 69)
 BARACUDA_WGMMA_RS(__nv_bfloat16, "bf16", 128, 64, 65, 66, 67, 68, 69)
+// N = 256: P V of a 256-wide head (the forward's O accumulator).
+BARACUDA_WGMMA_RS(__half, "f16", 256, 128, 129, 130, 131, 132, 133)
+BARACUDA_WGMMA_RS(__nv_bfloat16, "bf16", 256, 128, 129, 130, 131, 132, 133)
 
 #undef BARACUDA_WGMMA_RS
 #undef BARACUDA_WGMMA_SS
+#undef BARACUDA_WGMMA_OUT_N256
 #undef BARACUDA_WGMMA_OUT_N128
 #undef BARACUDA_WGMMA_OUT_N64
+#undef BARACUDA_WGMMA_D_N256
 #undef BARACUDA_WGMMA_D_N128
 #undef BARACUDA_WGMMA_D_N64
 
