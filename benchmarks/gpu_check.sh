@@ -5,7 +5,8 @@
 #   bash benchmarks/gpu_check.sh OUT_DIR
 #
 # A part of it, for a session with little GPU time:
-#   TESTS="-q -n 8 tests -k cuda"   pytest's arguments (default: -q tests; none: skip)
+#   TESTS="-q -n 8 tests -k cuda"   pytest's arguments, shell-quoted (default: -q tests;
+#                                    none: skip)
 #   FAMILIES="merge scan"            benchmark families (default: all; none: skip)
 #   MAIN=0                           skip the main job
 #
@@ -55,8 +56,8 @@ step() {
 TESTS=${TESTS:--q tests}
 FAMILIES=${FAMILIES:-all}
 if [[ $TESTS != none ]]; then
-    read -r -a test_args <<< "$TESTS"
-    step tests "$OUT/tests.log" "$PY" -m pytest "${test_args[@]}"
+    # Through a shell, so that a quoted -k expression stays one argument.
+    step tests "$OUT/tests.log" bash -c "exec \"\$0\" -m pytest $TESTS" "$PY"
 else
     echo "tests skipped" > "$OUT/tests.log"
 fi
