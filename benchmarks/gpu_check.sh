@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/gpu_check.sh OUT_DIR
 #
-# A part of it, for a session with little GPU time:
+# A part of it, for a short run on a GPU machine:
 #   TESTS="-q -n 8 tests -k cuda"   pytest's arguments, shell-quoted (default: -q tests;
 #                                    none: skip)
 #   FAMILIES="merge scan"            benchmark families (default: all; none: skip)
