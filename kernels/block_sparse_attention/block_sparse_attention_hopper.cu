@@ -220,12 +220,9 @@ KernelStatus launch(const BlockSparseAttentionArgs& a, int* work_counter, cudaSt
   // An instantiation per level of per-element tests: reading exact-mask
   // bits costs the 64-row D = 128 kernel about 60 bytes of spills even
   // where it never runs.
-  const int tests = element_tests(a);
-  auto kernel = hopper_attention<T, D, kConsumers, N, kStages, kTestsNone>;
-  if (tests == kTestsBits) kernel = hopper_attention<T, D, kConsumers, N, kStages, kTestsBits>;
-  if (tests == kTestsDocuments) {
-    kernel = hopper_attention<T, D, kConsumers, N, kStages, kTestsDocuments>;
-  }
+  const auto kernel = dispatch_element_tests(element_tests(a), [](auto tests) {
+    return hopper_attention<T, D, kConsumers, N, kStages, decltype(tests)::value>;
+  });
   const cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kAllocBytes);
   if (err != cudaSuccess) return to_status(err);

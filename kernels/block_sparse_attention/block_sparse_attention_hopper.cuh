@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "block_sparse_attention/block_sparse_attention_kernels.h"
 #include "block_sparse_attention/block_sparse_attention_tile.cuh"
@@ -23,6 +24,16 @@
 namespace baracuda {
 
 constexpr int kPanel = 64;  // elements per 128-byte swizzled row
+
+// Calls fn(std::integral_constant<int, L>{}) for the level `tests` of
+// per-element tests (kTestsNone, kTestsBits, kTestsDocuments): how a
+// launcher picks the kernel instantiation of a problem.
+template <typename Fn>
+inline auto dispatch_element_tests(int tests, Fn&& fn) {
+  if (tests == kTestsDocuments) return fn(std::integral_constant<int, kTestsDocuments>{});
+  if (tests == kTestsBits) return fn(std::integral_constant<int, kTestsBits>{});
+  return fn(std::integral_constant<int, kTestsNone>{});
+}
 
 // Threads of a CTA: the consumer warpgroups, then a producer warpgroup when
 // registers move between them (two consumers), else a single producer warp.

@@ -664,11 +664,11 @@ KernelStatus launch_grad_kv(const BlockSparseAttentionBackwardArgs& ba, int* wor
   }
   const int64_t k_tiles = ceil_div(a.k_len, NK);
   // Position conditions take the per-element tests of the bits' level.
-  const int tests =
+  const int level =
       std::max(element_tests(a), has_position_conditions(a) ? kTestsBits : kTestsNone);
-  auto kernel = hopper_grad_kv<T, D, kConsumers, kStages, kTestsNone>;
-  if (tests == kTestsBits) kernel = hopper_grad_kv<T, D, kConsumers, kStages, kTestsBits>;
-  if (tests == kTestsDocuments) kernel = hopper_grad_kv<T, D, kConsumers, kStages, kTestsDocuments>;
+  const auto kernel = dispatch_element_tests(level, [](auto tests) {
+    return hopper_grad_kv<T, D, kConsumers, kStages, decltype(tests)::value>;
+  });
   return launch_persistent(kernel, hopper_threads<kConsumers>(), L::kAllocBytes,
                            k_tiles * a.batch * a.kv_heads, stream, q_map, do_map, k_map, v_map,
                            ba, k_tiles, work_counter);
@@ -693,10 +693,9 @@ KernelStatus launch_grad_q(const BlockSparseAttentionBackwardArgs& ba, int* work
     return KernelStatus::invalid("could not describe the operands to the tensor copy engine");
   }
   const int64_t q_tiles = ceil_div(a.q_len, M);
-  const int tests = element_tests(a);
-  auto kernel = hopper_grad_q<T, D, kConsumers, kStages, kTestsNone>;
-  if (tests == kTestsBits) kernel = hopper_grad_q<T, D, kConsumers, kStages, kTestsBits>;
-  if (tests == kTestsDocuments) kernel = hopper_grad_q<T, D, kConsumers, kStages, kTestsDocuments>;
+  const auto kernel = dispatch_element_tests(element_tests(a), [](auto tests) {
+    return hopper_grad_q<T, D, kConsumers, kStages, decltype(tests)::value>;
+  });
   return launch_persistent(kernel, hopper_threads<kConsumers>(), L::kAllocBytes,
                            q_tiles * a.batch * a.heads, stream, q_map, do_map, k_map, v_map, ba,
                            q_tiles, work_counter);
