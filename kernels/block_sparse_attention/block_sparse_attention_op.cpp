@@ -34,17 +34,21 @@ Plan plan(const AttentionProblem& p) {
     if (!half) return {AttentionPath::kHost, p.q, p.k, p.v};
     return {AttentionPath::kHost, p.q.to(at::kFloat), p.k.to(at::kFloat), p.v.to(at::kFloat)};
   }
+  // The GPU is asked about only for problems some tensor-core kernel takes.
+  if (tensor_core_shape(p, /*hopper=*/true)) {
 #ifdef BARACUDA_WITH_CUDA
-  // BARACUDA_DISABLE_WGMMA=1 keeps Hopper GPUs on the mma.sync kernel: to
-  // compare the two, or to rule the newer one out when chasing a problem.
-  const bool hopper = !env_flag("BARACUDA_DISABLE_WGMMA") &&
-                      block_sparse_attention_hopper_available(p.q.get_device());
+    // BARACUDA_DISABLE_WGMMA=1 keeps Hopper GPUs on the mma.sync kernel: to
+    // compare the two, or to rule the newer one out when chasing a problem.
+    const bool hopper = !env_flag("BARACUDA_DISABLE_WGMMA") &&
+                        block_sparse_attention_hopper_available(p.q.get_device());
 #else
-  const bool hopper = false;
+    const bool hopper = false;
 #endif
-  if (tensor_core_shape(p, hopper)) {
-    const AttentionPath path = hopper ? AttentionPath::kCudaHopper : AttentionPath::kCudaTensorCore;
-    return {path, tensor_core_ready(p.q), tensor_core_ready(p.k), tensor_core_ready(p.v)};
+    if (hopper || tensor_core_shape(p, /*hopper=*/false)) {
+      const AttentionPath path =
+          hopper ? AttentionPath::kCudaHopper : AttentionPath::kCudaTensorCore;
+      return {path, tensor_core_ready(p.q), tensor_core_ready(p.k), tensor_core_ready(p.v)};
+    }
   }
   return {AttentionPath::kCudaGeneric, p.q, p.k, p.v};
 }
