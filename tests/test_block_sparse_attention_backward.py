@@ -282,16 +282,19 @@ def _hopper(device):
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 # The generic executor on these shapes is the slow tier: other tests cover it.
-@pytest.mark.parametrize("wgmma", [True, pytest.param(False, marks=pytest.mark.slow)])
-def test_tensor_core_shapes_backward(device, monkeypatch, block_size, D, dtype, wgmma):
-    """The shapes the Hopper wgmma backward takes (by default on Hopper), and
-    the generic executor on them with wgmma disabled: uneven lengths,
-    Lq != Lk, GQA, causal and not, empty query blocks, grad_lse; bit-identical
-    on a second run."""
+@pytest.mark.parametrize("path", ["wgmma", "two_kernel", pytest.param("generic", marks=pytest.mark.slow)])
+def test_tensor_core_shapes_backward(device, monkeypatch, block_size, D, dtype, path):
+    """The shapes the Hopper wgmma backward takes (by default on Hopper: one
+    fused pass at D 128 with key blocks of 128, else two kernels), its
+    two-kernel form, and the generic executor on them with wgmma disabled:
+    uneven lengths, Lq != Lk, GQA, causal and not, empty query blocks,
+    grad_lse; bit-identical on a second run."""
     if not _hopper(device):
         pytest.skip("the wgmma backward runs on Hopper GPUs")
-    if not wgmma:
+    if path == "generic":
         monkeypatch.setenv("BARACUDA_DISABLE_WGMMA", "1")
+    if path == "two_kernel":
+        monkeypatch.setenv("BARACUDA_HOPPER_TWO_KERNEL_BACKWARD", "1")
     q, k, v = inputs(2, 4, 2, 300, 517, D, D, dtype, device, seed=D)
     m = random_mask(2, 4, 300, 517, block_size, device, density=0.6, seed=D + 1)
     m[:, :, 1] = False  # query blocks that see nothing
@@ -318,6 +321,27 @@ def test_wgmma_backward_many_items_and_nan(device):
     sees = m[0, 0, 0].any()
     assert bool(torch.isnan(dq[0, 0, 5]).all()) == bool(sees)
     assert not torch.isnan(dq[0, 0, 6:]).any() and not torch.isnan(dq[1:]).any()
+
+
+def test_fused_backward_order_at_scale(device, monkeypatch):
+    """Many key tiles adding into each query tile's dQ, more items than
+    resident CTAs, dense, causal and sparse: the fused pass is bit-identical
+    run to run and agrees with the two-kernel backward."""
+    if not _hopper(device):
+        pytest.skip("the wgmma backward runs on Hopper GPUs")
+    q, k, v = inputs(2, 8, 4, 3000, 3100, 128, 128, torch.bfloat16, device, seed=21)
+    go = torch.randn(q.shape, device=device, dtype=q.dtype,
+                     generator=torch.Generator(device=device).manual_seed(22))
+    sparse = random_mask(2, 8, 3000, 3100, 128, device, density=0.15, seed=23)
+    for m, is_causal in ((None, False), (None, True), (sparse, False)):
+        runs = []
+        for two_kernel in ("0", "0", "1"):
+            monkeypatch.setenv("BARACUDA_HOPPER_TWO_KERNEL_BACKWARD", two_kernel)
+            runs.append(grads(q, k, v, m, 128, go, is_causal=is_causal))
+        for a, b, c in zip(*runs):
+            assert torch.equal(a, b)
+            err = (a.double() - c.double()).norm() / c.double().norm()
+            assert err < 1e-2, f"fused against two kernels: relative difference {err:.3e}"
 
 
 # ---------------------------------------------------------------- compositions

@@ -107,6 +107,12 @@ struct BlockSparseAttentionBackwardArgs {
   void* delta = nullptr;
   void* lse_log2 = nullptr;
   int64_t rows_stride = 0;
+  // The fused Hopper backward's dQ (block_sparse_attention_backward_hopper_fuses):
+  // a float32 accumulator of [batch * heads, rows_stride, head_dim] elements
+  // and an int32 per 64-row query tile, [batch * heads, rows_stride / 64];
+  // nullptr: the two-kernel backward.
+  void* dq_accum = nullptr;
+  int* dq_order = nullptr;
   void* grad_q = nullptr;           // contiguous [batch, heads, q_len, head_dim], q's dtype
   void* grad_k = nullptr;           // contiguous [batch, kv_heads, k_len, head_dim]
   void* grad_v = nullptr;           // contiguous [batch, kv_heads, k_len, v_dim]
@@ -169,11 +175,16 @@ KernelStatus block_sparse_attention_backward_generic_cuda(const BlockSparseAtten
                                                           void* stream);
 // The wgmma + TMA backward on Hopper GPUs, for problems the Hopper forward
 // takes (tensor_core_tile_rows > 0, grad_out laid out as the forward needs
-// out) with rows_stride a multiple of 128. Two persistent kernels hand out
-// work through work_counters[0] and [1], int32 in device memory that must be
-// zero when the call starts.
+// out) with rows_stride a multiple of 128. Two persistent kernels (or one
+// fused pass, with dq_accum and dq_order set) hand out work through
+// work_counters[0] and [1], int32 in device memory that must be zero when
+// the call starts.
 KernelStatus block_sparse_attention_backward_hopper_cuda(const BlockSparseAttentionBackwardArgs& a,
                                                          int* work_counters, void* stream);
+// Whether the Hopper backward can take this problem in one fused pass
+// (head_dim 128, block_k a multiple of 128), which needs dq_accum and
+// dq_order; without them it runs two kernels.
+bool block_sparse_attention_backward_hopper_fuses(const BlockSparseAttentionBackwardArgs& a);
 // Fills the per-row scratch (delta, lse_log2) the CUDA executors read.
 KernelStatus block_sparse_attention_backward_rows_cuda(const BlockSparseAttentionBackwardArgs& a,
                                                        void* stream);

@@ -136,6 +136,40 @@ __device__ inline void bulk_store_wait_all() {
   asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
 
+// Adds `bytes` (a multiple of 16, 16-byte aligned) of float32 from shared
+// memory into global memory, element by element, in L2 by the bulk copy
+// engine: one bulk group of the calling thread (bulk_store_wait_read,
+// bulk_store_wait_all as for bulk_store_to_global).
+__device__ inline void bulk_reduce_add_to_global(float* dst, const float* src, uint32_t bytes) {
+  asm volatile(
+      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+      "cp.async.bulk.commit_group;\n" ::"l"(dst),
+      "r"(smem_address(src)), "r"(bytes)
+      : "memory");
+}
+
+// A flag in global memory shared between CTAs: the load orders the
+// caller's later accesses after it (acquire), the store its earlier ones
+// before it (release), both at GPU scope.
+__device__ inline int load_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ inline void store_release(int* p, int v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
+// Orders the calling thread's memory accesses through the generic proxy
+// and through the async proxy (bulk copies) with each other, in every
+// state space: bulk writes waited for before a release, or issued after
+// an acquire.
+__device__ inline void fence_proxy_async() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async;\n" ::: "memory");
+#endif
+}
+
 // Orders the calling thread's earlier shared-memory accesses (generic
 // proxy) before bulk copies issued after a later barrier (async proxy): a
 // stage written by threads and then refilled by the copy engine.

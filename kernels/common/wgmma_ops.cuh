@@ -18,6 +18,12 @@ namespace baracuda {
 template <typename T, int N>
 __device__ inline void wgmma_ss(float (&d)[N / 2], uint64_t a, uint64_t b, bool accumulate);
 
+// A and B from shared memory, both MN-major (descriptors; trans-a = trans-b
+// = 1): A's M axis and B's N axis contiguous, as a tile stored K-row by
+// K-row.
+template <typename T, int N>
+__device__ inline void wgmma_ss_mn(float (&d)[N / 2], uint64_t a, uint64_t b, bool accumulate);
+
 // A from registers (per warp, the m16k16 A fragment of mma.sync), B from
 // shared memory MN-major, its N axis contiguous (trans-b = 1).
 template <typename T, int N>
@@ -72,16 +78,21 @@ __device__ inline void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint6
 
 // A is operand N/2 (descriptor) or N/2..N/2+3 (registers); the predicate
 // operand comes last.
-#define BARACUDA_WGMMA_SS(T, PTX, N, A, B, P)                                              \
+// FN: wgmma_ss (both K-major, trans 0 0) or wgmma_ss_mn (both MN-major, 1 1).
+#define BARACUDA_WGMMA_SS_FORM(FN, TRANS, T, PTX, N, A, B, P)                              \
   template <>                                                                            \
-  __device__ inline void wgmma_ss<T, N>(float(&d)[N / 2], uint64_t a, uint64_t b,         \
-                                        bool accumulate) {                                 \
+  __device__ inline void FN<T, N>(float(&d)[N / 2], uint64_t a, uint64_t b,               \
+                                  bool accumulate) {                                       \
     asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %" #P ", 0;\n"                     \
                  " wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX "." PTX " "      \
-                 BARACUDA_WGMMA_D_N##N ", %" #A ", %" #B ", p, 1, 1, 0, 0;\n}\n"           \
+                 BARACUDA_WGMMA_D_N##N ", %" #A ", %" #B ", p, 1, 1, " TRANS ";\n}\n"     \
                  : BARACUDA_WGMMA_OUT_N##N                                                 \
                  : "l"(a), "l"(b), "r"(static_cast<uint32_t>(accumulate)));              \
   }
+#define BARACUDA_WGMMA_SS(T, PTX, N, A, B, P) \
+  BARACUDA_WGMMA_SS_FORM(wgmma_ss, "0, 0", T, PTX, N, A, B, P)
+#define BARACUDA_WGMMA_SS_MN(T, PTX, N, A, B, P) \
+  BARACUDA_WGMMA_SS_FORM(wgmma_ss_mn, "1, 1", T, PTX, N, A, B, P)
 #define BARACUDA_WGMMA_RS(T, PTX, N, A0, A1, A2, A3, B, P)                                 \
   template <>                                                                            \
   __device__ inline void wgmma_rs<T, N>(float(&d)[N / 2], const uint32_t(&a)[4],          \
@@ -99,6 +110,9 @@ BARACUDA_WGMMA_SS(__half, "f16", 64, 32, 33, 34)
 BARACUDA_WGMMA_SS(__nv_bfloat16, "bf16", 64, 32, 33, 34)
 BARACUDA_WGMMA_SS(__half, "f16", 128, 64, 65, 66)
 BARACUDA_WGMMA_SS(__nv_bfloat16, "bf16", 128, 64, 65, 66)
+// dQ += dS K of the fused backward: dS^T and K both stored key-row by key-row.
+BARACUDA_WGMMA_SS_MN(__half, "f16", 64, 32, 33, 34)
+BARACUDA_WGMMA_SS_MN(__nv_bfloat16, "bf16", 64, 32, 33, 34)
 BARACUDA_WGMMA_RS(__half, "f16", 64, 32, 33, 34, 35, 36, 37)
 BARACUDA_WGMMA_RS(__nv_bfloat16, "bf16", 64, 32, 33, 34, 35, 36, 37)
 BARACUDA_WGMMA_RS(__half, "f16", 128, 64, 65, 66, 67, 68, 69)
@@ -108,6 +122,8 @@ BARACUDA_WGMMA_RS(__half, "f16", 256, 128, 129, 130, 131, 132, 133)
 BARACUDA_WGMMA_RS(__nv_bfloat16, "bf16", 256, 128, 129, 130, 131, 132, 133)
 
 #undef BARACUDA_WGMMA_RS
+#undef BARACUDA_WGMMA_SS_MN
+#undef BARACUDA_WGMMA_SS_FORM
 #undef BARACUDA_WGMMA_SS
 #undef BARACUDA_WGMMA_OUT_N256
 #undef BARACUDA_WGMMA_OUT_N128
