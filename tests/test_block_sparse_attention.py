@@ -63,12 +63,13 @@ def expected_path(q, v, device, block_size):
     if device.type == "cpu":
         return "cpu"
     bq, bk = (block_size, block_size) if isinstance(block_size, int) else block_size
-    tc = (q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] == v.shape[-1]
-          and q.shape[-1] in (64, 128) and bq % 64 == 0 and bk % 64 == 0)
-    if not tc:
-        return "cuda_generic"
     hopper = torch.cuda.get_device_capability(device)[0] == 9
     wgmma = hopper and os.environ.get("BARACUDA_DISABLE_WGMMA", "0") in ("", "0")
+    dims = (64, 128, 256) if wgmma else (64, 128)  # 256: the Hopper forward only
+    tc = (q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] == v.shape[-1]
+          and q.shape[-1] in dims and bq % 64 == 0 and bk % 64 == 0)
+    if not tc:
+        return "cuda_generic"
     return "cuda_wgmma" if wgmma else "cuda_tensor_core"
 
 

@@ -168,8 +168,9 @@ def test_rows_without_keys_get_zero_gradients(device):
 
 def test_executor_choice(device):
     # Position conditions (windows, bottom-right causal, kv_lens) run on the
-    # tensor cores; per-element tests (document ids) on the generic kernel.
-    # Bottom-right causal with Lq == Lk is top-left causal.
+    # tensor cores; document ids on the Hopper kernels only (the mma.sync
+    # kernel leaves them to the generic one). Bottom-right causal with
+    # Lq == Lk is top-left causal.
     q, k, v = inputs(1, 2, 2, 128, 192, 64, 64, torch.bfloat16, device, seed=12)
     ids = torch.zeros(1, 128, dtype=torch.int64, device=device)
     kv_ids = torch.zeros(1, 192, dtype=torch.int64, device=device)
@@ -180,9 +181,10 @@ def test_executor_choice(device):
                        dict(kv_lens=lens)):
         assert bt.block_sparse_attention_path(q, k, v, None, block_size=64, **conditions) == \
             plain, conditions
-    generic = "cpu" if device.type == "cpu" else "cuda_generic"
+    with_ids = "cpu" if device.type == "cpu" else \
+        "cuda_wgmma" if plain == "cuda_wgmma" else "cuda_generic"
     assert bt.block_sparse_attention_path(q, k, v, None, block_size=64,
-                                          document_ids=(ids, kv_ids)) == generic
+                                          document_ids=(ids, kv_ids)) == with_ids
     square = q, q, q
     assert bt.block_sparse_attention_path(*square, None, block_size=64, is_causal=True,
                                           causal_align="bottom_right") == \
@@ -688,8 +690,7 @@ def check_on_wgmma(q, k, v, m, block_size, **conditions):
 
 @pytest.mark.parametrize("block_size", [64, 128, (128, 64), (64, 128)])
 def test_hopper_document_ids(device, monkeypatch, block_size):
-    """The Hopper kernels' test of document ids (forward and backward; opt-in
-    with BARACUDA_TENSOR_CORE_DOCUMENT_IDS=1 until it has run on a GPU):
+    """The Hopper kernels' test of document ids (forward and backward):
     packed documents, causal and not, with a tile mask, an exact mask and a
     bottom-right window on top; ids that are not sorted (documents that
     interleave, so the tiles between them are kept and tested); a row that
@@ -698,7 +699,6 @@ def test_hopper_document_ids(device, monkeypatch, block_size):
     kernel."""
     if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] != 9:
         pytest.skip("the wgmma kernels run on Hopper GPUs")
-    monkeypatch.setenv("BARACUDA_TENSOR_CORE_DOCUMENT_IDS", "1")
     B, H, Lq, Lk = 2, 4, 300, 517
     packed_q = documents(B, Lq, 6, seed=98, device=device)
     packed_k = documents(B, Lk, 6, seed=98, device=device)
@@ -726,8 +726,7 @@ def test_hopper_document_ids(device, monkeypatch, block_size):
 
 @pytest.mark.parametrize("block_size", [64, 128, (128, 64), (64, 128)])
 def test_hopper_head_dim_256(device, monkeypatch, block_size):
-    """The Hopper forward with 256-wide heads (opt-in with
-    BARACUDA_HOPPER_HEAD_DIM_256=1 until it has run on a GPU): a random tile
+    """The Hopper forward with 256-wide heads: a random tile
     mask, causal, GQA and uneven lengths; bottom-right causal with a window;
     an exact mask; a decode over a cache with kv_lens and NaN past the
     lengths (keys split across CTAs). Outputs, lse and gradients (the
@@ -736,7 +735,6 @@ def test_hopper_head_dim_256(device, monkeypatch, block_size):
     heads to the generic kernel."""
     if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] != 9:
         pytest.skip("the wgmma kernels run on Hopper GPUs")
-    monkeypatch.setenv("BARACUDA_HOPPER_HEAD_DIM_256", "1")
     pair = (block_size, block_size) if isinstance(block_size, int) else block_size
     B, H, Lq, Lk, D = 2, 4, 300, 517, 256
     q, k, v = inputs(B, H, 2, Lq, Lk, D, D, torch.bfloat16, device, seed=103)

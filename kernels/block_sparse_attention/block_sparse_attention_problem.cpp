@@ -241,11 +241,9 @@ bool tensor_core_shape(const AttentionProblem& p, bool hopper) {
   const auto s = p.q.scalar_type();
   const int64_t D = p.q.size(3);
   // Document ids and 256-wide heads: only the Hopper kernels take them (the
-  // mma.sync one does not), opt-in until that code has run on a GPU.
-  const bool documents_ok =
-      !p.q_documents.defined() || (hopper && env_flag("BARACUDA_TENSOR_CORE_DOCUMENT_IDS"));
-  const bool dims_ok =
-      D == 64 || D == 128 || (D == 256 && hopper && env_flag("BARACUDA_HOPPER_HEAD_DIM_256"));
+  // mma.sync one does not).
+  const bool documents_ok = !p.q_documents.defined() || hopper;
+  const bool dims_ok = D == 64 || D == 128 || (D == 256 && hopper);
   return (s == at::kHalf || s == at::kBFloat16) && p.v.size(3) == D && dims_ok &&
          p.block_q % 64 == 0 && p.block_k % 64 == 0 && documents_ok;
 }

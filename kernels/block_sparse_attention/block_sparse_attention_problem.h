@@ -72,10 +72,8 @@ at::Tensor tensor_core_ready(const at::Tensor& t);
 // Whether the problem fits the tensor-core forward kernels apart from their
 // layout needs: float16 / bfloat16, head_dim == v_dim in {64, 128}, blocks
 // that are multiples of 64; position conditions and exact-mask bits are
-// fine. On the Hopper kernels (`hopper`) also document ids with
-// BARACUDA_TENSOR_CORE_DOCUMENT_IDS=1 and head_dim 256 with
-// BARACUDA_HOPPER_HEAD_DIM_256=1 (the forward; the backward of 256-wide
-// heads runs the generic kernel).
+// fine. On the Hopper kernels (`hopper`) also document ids and head_dim 256
+// (the forward; the backward of 256-wide heads runs the generic kernel).
 bool tensor_core_shape(const AttentionProblem& p, bool hopper);
 
 // Whether environment variable `name` is set to anything but "" or "0".
