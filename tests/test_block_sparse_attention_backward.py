@@ -294,6 +294,8 @@ def test_tensor_core_shapes_backward(device, monkeypatch, block_size, D, dtype, 
     if path == "generic":
         monkeypatch.setenv("BARACUDA_DISABLE_WGMMA", "1")
     if path == "two_kernel":
+        if D != 128 or (block_size if isinstance(block_size, int) else block_size[1]) % 128:
+            pytest.skip("the default is the two-kernel backward here")
         monkeypatch.setenv("BARACUDA_HOPPER_TWO_KERNEL_BACKWARD", "1")
     q, k, v = inputs(2, 4, 2, 300, 517, D, D, dtype, device, seed=D)
     m = random_mask(2, 4, 300, 517, block_size, device, density=0.6, seed=D + 1)
