@@ -71,17 +71,19 @@ constexpr int kKeyTile = 64;  // keys per streamed tile of the dQ kernel
 // too; at kTestsNone only top-left causal is, in fewer registers (the
 // general test spills in the D = 64 kernel, which two CTAs share an SM).
 //
-// kFused (two consumers, D = 128): per query tile the warpgroups also put
-// dS^T into shared memory, and each computes dQ = dS K for its 64 of the
-// D columns over all NK keys (K from the item's tile), which goes to the
-// dQ writer as a float32 partial.
+// kFused (two consumers): per query tile the warpgroups also put dS^T
+// into shared memory and compute dQ = dS K (K from the item's tile), which
+// goes to a dQ writer as one float32 partial. D = 128: each warpgroup
+// computes 64 of the D columns over all NK keys. D = 64: each computes all
+// columns over its own 64 keys, and the second adds its partial to the
+// first's in shared memory (the same order every time).
 template <typename T, int D, int kConsumers, int STAGES, int kTests, bool kFused>
 __device__ inline void consume_key_tiles(const BlockSparseAttentionBackwardArgs& ba,
                                          int64_t k_tiles, const KeyTileRing<T>& ring,
                                          const DqBuffers<T>& dqb, int warp, int lane) {
   constexpr int NK = 64 * kConsumers;
   constexpr int kCols = kRowTile / 8;  // 8-column groups of S^T
-  static_assert(!kFused || (kConsumers == 2 && D == 128), "the fused kernel splits D = 128 in two");
+  static_assert(!kFused || kConsumers == 2, "the fused kernel runs two consumer warpgroups");
   const BlockSparseAttentionArgs& a = ba.forward;
   const int wg = warp / 4, wg_warp = warp % 4;
   const int g = lane >> 2, t4 = lane & 3;
@@ -274,8 +276,8 @@ __device__ inline void consume_key_tiles(const BlockSparseAttentionBackwardArgs&
         // 16 wg_warp + g + 8 (i & 1) of the warpgroup, query columns
         // 8 (2 kk + i / 2) + 2 t4 and + 1, stored with the 128-byte swizzle
         // (16-byte chunk c of row r at c ^ (r % 8)). The buffer the tile
-        // before last used is free: both warpgroups passed the barrier
-        // below for the last tile after their MMAs on it were done.
+        // before last used is free: the warpgroups that read it passed the
+        // barrier below for the last tile after their MMAs on it were done.
         unsigned char* ds_tile = reinterpret_cast<unsigned char*>(dqb.ds + (partials % 2) * NK * kPanel);
 #pragma unroll
         for (int kk = 0; kk < kRowTile / 16; ++kk) {
@@ -287,21 +289,32 @@ __device__ inline void consume_key_tiles(const BlockSparseAttentionBackwardArgs&
           }
         }
         fence_proxy_async_shared();
-        asm volatile("bar.sync 3, 256;\n" ::: "memory");
+        // D = 128: each warpgroup's dQ reads both halves of dS^T; D = 64 its
+        // own (immediate barrier ids: a register id makes ptxas reserve 16).
+        if constexpr (D == 128) {
+          asm volatile("bar.sync 3, 256;\n" ::: "memory");
+        } else if (wg == 0) {
+          asm volatile("bar.sync 1, 128;\n" ::: "memory");
+        } else {
+          asm volatile("bar.sync 2, 128;\n" ::: "memory");
+        }
       }
       float dq[kFused ? 32 : 1];
       wgmma_fence();
       issue_values<T, D, kRowTile>(dv, pt, dos);
       issue_values<T, D, kRowTile>(dk, dst, qs);
       if constexpr (kFused) {
-        // dQ[:, 64 wg + 0..63] = dS K over the NK keys: A is the dS^T tile,
-        // B panel wg of the K tile, both stored key row by key row.
-        const T* ds_tile = dqb.ds + (partials % 2) * NK * kPanel;
-        const T* k_panel = ring.k + wg * NK * kPanel;
+        // D = 128: dQ[:, 64 wg + 0..63] = dS K over the NK keys, A the dS^T
+        // tile and B panel wg of the K tile. D = 64: dQ over the
+        // warpgroup's 64 keys, A its rows of dS^T and B its rows of K. Both
+        // operands are stored key row by key row.
+        constexpr int kKeys = D == 128 ? NK : 64;
+        const T* ds_rows = dqb.ds + (partials % 2) * NK * kPanel + (D == 128 ? 0 : wg * 64 * kPanel);
+        const T* k_cols = ring.k + wg * (D == 128 ? NK : 64) * kPanel;
 #pragma unroll
-        for (int kk = 0; kk < NK / 16; ++kk) {
-          wgmma_ss_mn<T, 64>(dq, swizzle128_descriptor(ds_tile + kk * 16 * kPanel, 0),
-                             swizzle128_descriptor(k_panel + kk * 16 * kPanel, 0), kk > 0);
+        for (int kk = 0; kk < kKeys / 16; ++kk) {
+          wgmma_ss_mn<T, 64>(dq, swizzle128_descriptor(ds_rows + kk * 16 * kPanel, 0),
+                             swizzle128_descriptor(k_cols + kk * 16 * kPanel, 0), kk > 0);
         }
         wgmma_commit();
       }
@@ -311,15 +324,30 @@ __device__ inline void consume_key_tiles(const BlockSparseAttentionBackwardArgs&
       release(&ring.empty[stage]);
       if constexpr (kFused) {
         register_fence(dq);
-        // The partial, in register order: float4 j of thread t of
-        // warpgroup wg at (wg * 8 + j) * 128 + t, which write_dq_partials
-        // and store_grad_q read back in the same order.
+        // The partial, in register order: float4 j of thread t of column
+        // half c (D = 128: warpgroup c) at (c * 8 + j) * 128 + t, which
+        // write_dq_partials and store_grad_q read back in the same order.
+        // D = 64: warpgroup 0 writes its partial, then warpgroup 1 adds its
+        // own to it (its thread t holds the same elements).
         const int buf = next_partial();
-        float4* out = reinterpret_cast<float4*>(dqb.dq + buf * kRowTile * D) + wg * 8 * 128 +
-                      threadIdx.x % 128;
+        float4* out = reinterpret_cast<float4*>(dqb.dq + buf * kRowTile * D) +
+                      (D == 128 ? wg : 0) * 8 * 128 + threadIdx.x % 128;
+        if (D == 128 || wg == 0) {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          out[j * 128] = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+          for (int j = 0; j < 8; ++j) {
+            out[j * 128] = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+          }
+        }
+        if constexpr (D == 64) {
+          asm volatile("bar.sync 3, 256;\n" ::: "memory");
+          if (wg == 1) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+              const float4 first = out[j * 128];
+              out[j * 128] = make_float4(first.x + dq[4 * j], first.y + dq[4 * j + 1],
+                                         first.z + dq[4 * j + 2], first.w + dq[4 * j + 3]);
+            }
+          }
         }
         fence_proxy_async_shared();
         if (warp == 0 && lane == 0) {
@@ -575,7 +603,7 @@ KernelStatus launch_persistent(Kernel kernel, int threads, int smem_bytes, int64
 template <int D, int NK, bool kFused>
 constexpr int grad_kv_stages() {
   if constexpr (kFused) {
-    return 2;
+    return FusedKeyTileLayout<D, NK, 3>::kAllocBytes <= 227 * 1024 ? 3 : 2;
   } else {
     return KeyTileLayout<D, NK, 3>::kAllocBytes <= 227 * 1024 ? 3 : 2;
   }
@@ -632,7 +660,7 @@ KernelStatus launch_fused(const BlockSparseAttentionBackwardArgs& ba, int* work_
   const int64_t q_blocks = a.batch * a.heads * ceil_div(a.q_len, int64_t{kRowTile});
   if (q_blocks == 0) return KernelStatus::ok();
   if (q_blocks > 0x7fffffff) return KernelStatus::invalid("too many tiles for one grid");
-  store_grad_q<T, D><<<static_cast<unsigned>(q_blocks), 256, 0, stream>>>(ba);
+  store_grad_q<T, D><<<static_cast<unsigned>(q_blocks), D / 64 * 128, 0, stream>>>(ba);
   return launch_status();
 }
 
@@ -667,9 +695,7 @@ template <typename T, int D>
 KernelStatus launch_for_blocks(const BlockSparseAttentionBackwardArgs& ba, int* counters,
                                cudaStream_t s) {
   const BlockSparseAttentionArgs& a = ba.forward;
-  if (ba.dq_accum != nullptr) {
-    if constexpr (D == 128) return launch_fused<T, D>(ba, counters, s);
-  }
+  if (ba.dq_accum != nullptr) return launch_fused<T, D>(ba, counters, s);
   // 64 keys (one warpgroup) per dK / dV item: the kernel also takes 128-key
   // items (two warpgroups, for key blocks of 128), which are not selected
   // until measured. 128 query rows per dQ item where the query block allows it.
@@ -698,7 +724,7 @@ KernelStatus block_sparse_attention_backward_hopper_cuda(const BlockSparseAttent
     return KernelStatus::invalid("problem not eligible for the Hopper backward kernels");
   }
   if (ba.dq_accum != nullptr &&
-      (ba.forward.head_dim != 128 || ba.forward.block_k % 128 != 0 || ba.dq_order == nullptr)) {
+      (!block_sparse_attention_backward_hopper_fuses(ba) || ba.dq_order == nullptr)) {
     return KernelStatus::invalid("problem not eligible for the fused Hopper backward kernel");
   }
   const auto s = static_cast<cudaStream_t>(stream);
@@ -707,7 +733,8 @@ KernelStatus block_sparse_attention_backward_hopper_cuda(const BlockSparseAttent
 }
 
 bool block_sparse_attention_backward_hopper_fuses(const BlockSparseAttentionBackwardArgs& ba) {
-  return ba.forward.head_dim == 128 && ba.forward.block_k % 128 == 0;
+  return (ba.forward.head_dim == 64 || ba.forward.head_dim == 128) &&
+         ba.forward.block_k % 128 == 0;
 }
 
 }  // namespace baracuda

@@ -169,8 +169,9 @@ __global__ void start_dq_order(const BlockSparseAttentionBackwardArgs ba) {
 
 // grad_q = scale * the accumulated dQ of each 64-row query tile, from the
 // register order the fused kernel's partials are in: float4 j of thread t
-// of half w (128 threads, warp t / 32, lane l) holds rows 16 (t / 32) + l / 4
-// and + 8, columns 64 w + 8 j + 2 (l % 4) and + 1.
+// of column half w (128 threads, warp t / 32, lane l; D / 64 halves) holds
+// rows 16 (t / 32) + l / 4 and + 8, columns 64 w + 8 j + 2 (l % 4) and + 1.
+// One thread per (half, t).
 template <typename T, int D>
 __global__ void __launch_bounds__(256) store_grad_q(const BlockSparseAttentionBackwardArgs ba) {
   const BlockSparseAttentionArgs& a = ba.forward;
