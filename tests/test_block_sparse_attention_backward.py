@@ -274,6 +274,15 @@ def test_nan_reaches_the_rows_it_touches(device, dtype, D, block_size, where):
 # ---------------------------------------------------------------- wgmma backward
 
 
+def check_causal_and_not_twice(q, k, v, m, block_size):
+    """check() without and with causal attention, each twice: the same bits."""
+    for is_causal in (False, True):
+        first = check(q, k, v, m, block_size, is_causal=is_causal)
+        again = check(q, k, v, m, block_size, is_causal=is_causal)
+        for a, b in zip(first, again):
+            assert torch.equal(a, b)
+
+
 def _hopper(device):
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
 
@@ -300,11 +309,7 @@ def test_tensor_core_shapes_backward(device, monkeypatch, block_size, D, dtype, 
     q, k, v = inputs(2, 4, 2, 300, 517, D, D, dtype, device, seed=D)
     m = random_mask(2, 4, 300, 517, block_size, device, density=0.6, seed=D + 1)
     m[:, :, 1] = False  # query blocks that see nothing
-    for is_causal in (False, True):
-        first = check(q, k, v, m, block_size, is_causal=is_causal)
-        again = check(q, k, v, m, block_size, is_causal=is_causal)
-        for a, b in zip(first, again):
-            assert torch.equal(a, b)
+    check_causal_and_not_twice(q, k, v, m, block_size)
 
 
 def test_wgmma_backward_many_items_and_nan(device):
@@ -339,11 +344,7 @@ def test_fused_backward_head_dim_64(device, monkeypatch, block_size, dtype):
     q, k, v = inputs(2, 4, 2, 300, 517, 64, 64, dtype, device, seed=64)
     m = random_mask(2, 4, 300, 517, block_size, device, density=0.6, seed=65)
     m[:, :, 1] = False  # query blocks that see nothing
-    for is_causal in (False, True):
-        first = check(q, k, v, m, block_size, is_causal=is_causal)
-        again = check(q, k, v, m, block_size, is_causal=is_causal)
-        for a, b in zip(first, again):
-            assert torch.equal(a, b)
+    check_causal_and_not_twice(q, k, v, m, block_size)
 
 
 @pytest.mark.parametrize("D", [64, 128])
