@@ -61,6 +61,14 @@ struct HopperLayout {
   static constexpr int kAllocBytes = kBytes + 1024;
 };
 
+// A CTA's dynamic shared memory rounded up to 1024 bytes, the alignment the
+// 128-byte swizzled tiles need (the allocation only guarantees 16; each
+// layout's kAllocBytes leaves room for the rounding).
+__device__ inline unsigned char* swizzle_aligned(unsigned char* smem_raw) {
+  return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
+                                          ~uintptr_t{1023});
+}
+
 // The shared memory of a CTA. Stage s of the ring holds one K and one V
 // tile; k_full[s] completes when its K tile has landed (and tile_of[s], the
 // producer's word on that entry, is written), v_full[s] when its V tile has,
@@ -74,13 +82,10 @@ struct Ring {
   int *tile_of, *q_item;
 };
 
-// The ring in a CTA's dynamic shared memory, laid out as Layout says. The
-// swizzled tiles need 1024-byte alignment; the allocation only guarantees
-// 16, so the base is rounded up inside the layout's slack.
+// The ring in a CTA's dynamic shared memory, laid out as Layout says.
 template <typename T, typename Layout>
 __device__ inline Ring<T> carve_ring(unsigned char* smem_raw) {
-  unsigned char* smem = reinterpret_cast<unsigned char*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  unsigned char* smem = swizzle_aligned(smem_raw);
   constexpr int kStages = Layout::kStages;
   Ring<T> ring;
   ring.q = reinterpret_cast<T*>(smem + Layout::kQOffset);

@@ -139,8 +139,8 @@ __device__ inline void consume_key_tiles(const BlockSparseAttentionBackwardArgs&
     if constexpr (kFused) {
       // dQ = dS K multiplies dS = 0 by the K rows of keys past the batch's
       // kv_lens, the cache's junk (NaN, say): zeroed before any MMA reads
-      // the tile. Each warpgroup's dQ reads both halves, ordered by the
-      // warpgroups' barrier before the first one.
+      // the tile. At D = 128 each warpgroup's dQ reads both halves, ordered
+      // by the warpgroups' barrier before its first MMA.
       if (a.kv_lens != nullptr) {
         const int first_junk = static_cast<int>(keys_of(a, kt.b) - kt.k0);
         if (first_junk < NK) zero_rows_from<T, D, NK>(ring.k, first_junk, wg);

@@ -68,8 +68,7 @@ struct DqBuffers {
 
 template <typename T, typename Layout>
 __device__ inline DqBuffers<T> carve_dq_buffers(unsigned char* smem_raw) {
-  unsigned char* smem = reinterpret_cast<unsigned char*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  unsigned char* smem = swizzle_aligned(smem_raw);
   DqBuffers<T> d;
   d.ds = reinterpret_cast<T*>(smem + Layout::kDsOffset);
   d.dq = reinterpret_cast<float*>(smem + Layout::kDqOffset);

@@ -57,8 +57,7 @@ struct KeyTileRing {
 
 template <typename T, typename Layout>
 __device__ inline KeyTileRing<T> carve_key_tile_ring(unsigned char* smem_raw) {
-  unsigned char* smem = reinterpret_cast<unsigned char*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  unsigned char* smem = swizzle_aligned(smem_raw);
   constexpr int kStages = Layout::kStages;
   KeyTileRing<T> r;
   r.k = reinterpret_cast<T*>(smem + Layout::kKOffset);
