@@ -415,13 +415,14 @@ __global__ void __launch_bounds__(hopper_threads<kConsumers>(), kConsumers == 1 
   __syncthreads();
   // dK and dV stay in the consumers' registers for a whole item. The CTA's
   // register pool is what the launch allocated, 168 x 384 (the launch bound's
-  // share of 64 K): 128 x 24 + 256 x 240 fills it exactly, as does the
-  // fused kernel's 128 x 56 + 256 x 224 (its producer and dQ writer spill
-  // least there). A split that asks for more leaves setmaxnreg.inc waiting for
-  // ever.
+  // share of 64 K): 128 x 24 + 256 x 240 fills it exactly. The fused
+  // kernel needs all 240 too: at 224 its dQ accumulators do not fit beside
+  // dK and dV, and ptxas serialises every wgmma (C7512); its producer and dQ
+  // writers spill a little at 24 instead. A split that asks for more leaves
+  // setmaxnreg.inc waiting for ever.
   constexpr bool kMoveRegisters = kConsumers == 2;
   if (warp >= kConsumers * 4) {
-    if constexpr (kMoveRegisters) warpgroup_registers_release<kFused ? 56 : 24>();
+    if constexpr (kMoveRegisters) warpgroup_registers_release<24>();
     if (warp == kConsumers * 4 && lane == 0) {
       produce_key_tiles<T, D, NK, L, kFused>(&q_map, &do_map, &k_map, &v_map, ba, k_tiles,
                                                   work_counter, ring);
@@ -431,7 +432,7 @@ __global__ void __launch_bounds__(hopper_threads<kConsumers>(), kConsumers == 1 
       if (writer == 0 || writer == 1) write_dq_partials<T, D, NK>(ba, dqb, writer, lane);
     }
   } else {
-    if constexpr (kMoveRegisters) warpgroup_registers_claim<kFused ? 224 : 240>();
+    if constexpr (kMoveRegisters) warpgroup_registers_claim<240>();
     consume_key_tiles<T, D, kConsumers, STAGES, kTests, kFused>(ba, k_tiles, ring, dqb, warp,
                                                                lane);
   }
