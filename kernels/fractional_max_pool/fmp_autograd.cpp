@@ -87,14 +87,18 @@ struct Pool : public torch::autograd::Function<Pool> {
     ctx->saved_data["kernel_size"] = kernel_size;
     ctx->saved_data["placement"] = placement;
     ctx->mark_non_differentiable({indices});
+    // Unmaterialised: autograd would otherwise fill a zero int64 gradient
+    // for the indices on every backward (an allocation and a kernel).
+    ctx->set_materialize_grads(false);
     return {out, indices};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
     const std::vector<c10::SymInt> input_size = ctx->saved_data["input_size"].toSymIntVector();
     const std::vector<int64_t> kernel_size = ctx->saved_data["kernel_size"].toIntVector();
-    // Where only the indices were used, grads[0] is zeros (grads are
-    // materialised), so it is always defined.
+    // Undefined where only the indices were used: x's gradient is then zero,
+    // which an undefined gradient says.
+    if (!grads[0].defined()) return variable_list(5);
     const at::Tensor grad_x = pool_backward_graph(grads[0], saved[0], saved[1], input_size,
                                                   kernel_size,
                                                   ctx->saved_data["placement"].toStringRef());

@@ -86,7 +86,7 @@ FmpGeometry geometry(const char* op, at::IntArrayRef full_in, at::IntArrayRef ke
     // PyTorch's sample order: 2-D (w, h), 3-D (t, h, w).
     g.sample_index[a] = dims == 2 ? 1 - a : a;
   }
-  const std::vector<int64_t> sample_shape = {g.batch, g.channels, dims};
+  const int64_t sample_shape[3] = {g.batch, g.channels, dims};
   TORCH_CHECK(samples.sizes() == at::IntArrayRef(sample_shape), "baracuda::", op,
               ": samples.shape=", samples.sizes(), " must be ", at::IntArrayRef(sample_shape),
               " (batch, channels, one sample per spatial axis)");
@@ -100,7 +100,10 @@ FmpGeometry geometry(const char* op, at::IntArrayRef full_in, at::IntArrayRef ke
 
 // Samples as the kernels read them: contiguous float32 (float64 for float64 inputs).
 at::Tensor kernel_samples(const at::Tensor& samples, const at::Tensor& like) {
-  return samples.to(like.scalar_type() == at::kDouble ? at::kDouble : at::kFloat).contiguous();
+  const at::ScalarType want = like.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  // Most calls pass them so already: no dispatch then (a host cost per call).
+  if (samples.scalar_type() == want && samples.is_contiguous()) return samples;
+  return samples.to(want).contiguous();
 }
 
 // Strides of the (n, c, spatial...) axes of a [C, spatial] or [N, C, spatial] tensor.
@@ -182,8 +185,12 @@ at::Tensor fractional_max_pool_backward(const at::Tensor& grad_out, const at::Te
 #ifdef BARACUDA_WITH_CUDA
   if (grad_out.is_cuda()) cover_entries = fmp_backward_cover_entries_cuda(g);
 #endif
-  at::Tensor cover = at::empty({2 * cover_entries}, grad_out.options().dtype(at::kInt));
-  a.cover = cover.data_ptr<int32_t>();
+  // The band kernel needs no cover table: nothing to allocate for it.
+  at::Tensor cover;
+  if (cover_entries > 0) {
+    cover = at::empty({2 * cover_entries}, grad_out.options().dtype(at::kInt));
+    a.cover = cover.data_ptr<int32_t>();
+  }
   run_on_device<FmpBackwardArgs>(op, "backward", a, grad_out, &fmp_backward_cpu,
                                  BARACUDA_CUDA_ONLY(&fmp_backward_cuda));
   return grad_in;
