@@ -85,8 +85,14 @@ def _pool(x: Tensor, dims: int, kernel_size: Size, output_size, output_ratio,
     if x.dim() not in (dims + 1, dims + 2):
         raise ValueError(f"fractional_max_pool{dims}d: x.dim()={x.dim()} must be {dims + 1} "
                          f"(C, spatial) or {dims + 2} (N, C, spatial)")
-    kernel = _tuple(kernel_size, dims, "kernel_size")
-    out_size = _output_size(x, dims, output_size, output_ratio)
+    # Plain ints, the common call, skip the general parsing (host time per call).
+    kernel = [kernel_size] * dims if type(kernel_size) is int else list(
+        _tuple(kernel_size, dims, "kernel_size"))
+    if output_ratio is None and output_size is not None:
+        out_size = [output_size] * dims if type(output_size) is int else list(
+            _tuple(output_size, dims, "output_size"))
+    else:
+        out_size = list(_output_size(x, dims, output_size, output_ratio))
     if samples is None:
         if x.dtype not in _DTYPES:
             # The op checks x's dtype too, but only after the samples are
@@ -96,8 +102,7 @@ def _pool(x: Tensor, dims: int, kernel_size: Size, output_size, output_ratio,
                                "use float16, bfloat16, float32 or float64")
         batch = 1 if x.dim() == dims + 1 else x.size(0)
         samples = torch.rand(batch, x.size(-dims - 1), dims, dtype=x.dtype, device=x.device)
-    out, indices = _OPS.fractional_max_pool.default(x, list(kernel), list(out_size), samples,
-                                                    placement)
+    out, indices = _OPS.fractional_max_pool.default(x, kernel, out_size, samples, placement)
     return (out, indices) if return_indices else out
 
 
