@@ -71,13 +71,19 @@ def check_size_arguments(who: str, dims: int, output_size, output_ratio) -> None
                 raise ValueError(f"{who}: output_ratio={output_ratio} must lie in (0, 1)")
 
 
-def _output_size(x: Tensor, dims: int, output_size, output_ratio) -> Tuple[int, ...]:
+def _sizes(value, dims: int, name: str) -> list:
+    """``value`` as a list of ``dims`` entries; a plain int, the common call,
+    without the general parsing (host time per call)."""
+    return [value] * dims if type(value) is int else list(_tuple(value, dims, name))
+
+
+def _output_size(x: Tensor, dims: int, output_size, output_ratio) -> list:
+    if output_ratio is None and output_size is not None:
+        return _sizes(output_size, dims, "output_size")
     check_size_arguments(f"fractional_max_pool{dims}d", dims, output_size, output_ratio)
-    if output_size is not None:
-        return _tuple(output_size, dims, "output_size")
     ratio = _tuple(output_ratio, dims, "output_ratio")
     spatial = x.shape[-dims:]
-    return tuple(int(size * r) for size, r in zip(spatial, ratio))
+    return [int(size * r) for size, r in zip(spatial, ratio)]
 
 
 def _pool(x: Tensor, dims: int, kernel_size: Size, output_size, output_ratio,
@@ -85,14 +91,8 @@ def _pool(x: Tensor, dims: int, kernel_size: Size, output_size, output_ratio,
     if x.dim() not in (dims + 1, dims + 2):
         raise ValueError(f"fractional_max_pool{dims}d: x.dim()={x.dim()} must be {dims + 1} "
                          f"(C, spatial) or {dims + 2} (N, C, spatial)")
-    # Plain ints, the common call, skip the general parsing (host time per call).
-    kernel = [kernel_size] * dims if type(kernel_size) is int else list(
-        _tuple(kernel_size, dims, "kernel_size"))
-    if output_ratio is None and output_size is not None:
-        out_size = [output_size] * dims if type(output_size) is int else list(
-            _tuple(output_size, dims, "output_size"))
-    else:
-        out_size = list(_output_size(x, dims, output_size, output_ratio))
+    kernel = _sizes(kernel_size, dims, "kernel_size")
+    out_size = _output_size(x, dims, output_size, output_ratio)
     if samples is None:
         if x.dtype not in _DTYPES:
             # The op checks x's dtype too, but only after the samples are
