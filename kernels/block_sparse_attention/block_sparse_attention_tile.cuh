@@ -71,6 +71,24 @@ __device__ inline QueryTile query_tile(const BlockSparseAttentionArgs& a, int64_
   return t;
 }
 
+// The first block i in [begin, end) whose mask byte base[i * stride] is on,
+// or end. A sparse mask makes the forward's producer skip many off blocks
+// for each block it finds; kProbe independent loads per round cost about
+// one load's latency, where one dependent load per block paid every one.
+template <int kProbe = 8, typename Index>
+__device__ inline Index first_block_on(const uint8_t* base, int64_t stride, Index begin, Index end) {
+  for (Index i = begin; i < end; i += kProbe) {
+    uint8_t on[kProbe];
+#pragma unroll
+    for (int p = 0; p < kProbe; ++p) on[p] = i + p < end ? base[(i + p) * stride] : 0;
+#pragma unroll
+    for (int p = 0; p < kProbe; ++p) {
+      if (on[p] != 0) return i + p;
+    }
+  }
+  return end;
+}
+
 // The key tiles (`tile_keys` keys each, a divisor of block_k) a query tile
 // visits: those of mask blocks that are on, inside the keys its rows may see
 // by position (and its split's). Every thread reads the same mask bytes, so
@@ -101,12 +119,12 @@ struct KeyTileWalk {
   // First tile at or after `t` whose mask block is on (n_tiles if none).
   __device__ int next(int t) const {
     if (t < first_tile) t = first_tile;
-    while (t < n_tiles) {
-      const int kb = t / tiles_per_block;
-      if (key_block_on(a, mask_row, kb)) return t;
-      t = (kb + 1) * tiles_per_block;
-    }
-    return n_tiles;
+    if (t >= n_tiles) return n_tiles;
+    const int kb = t / tiles_per_block;
+    const int blocks_end = (n_tiles + tiles_per_block - 1) / tiles_per_block;
+    const int on = first_block_on(mask_row, a.mask_strides[3], kb, blocks_end);
+    if (on == blocks_end) return n_tiles;
+    return on == kb ? t : on * tiles_per_block;
   }
 };
 
