@@ -330,32 +330,13 @@ def test_wgmma_backward_many_items_and_nan(device):
     assert not torch.isnan(dq[0, 0, 6:]).any() and not torch.isnan(dq[1:]).any()
 
 
-@pytest.mark.parametrize("block_size", [128, (64, 128), (256, 128)])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_fused_backward_head_dim_64(device, monkeypatch, block_size, dtype):
-    """The fused pass at D 64 (opt-in with BARACUDA_HOPPER_FUSED_BACKWARD_D64=1
-    until it has run on a GPU; each warpgroup's dQ covers its own keys and
-    the two are summed in shared memory): uneven lengths, Lq != Lk, GQA,
-    causal and not, empty query blocks, grad_lse; bit-identical on a second
-    run."""
-    if not _hopper(device):
-        pytest.skip("the wgmma backward runs on Hopper GPUs")
-    monkeypatch.setenv("BARACUDA_HOPPER_FUSED_BACKWARD_D64", "1")
-    q, k, v = inputs(2, 4, 2, 300, 517, 64, 64, dtype, device, seed=64)
-    m = random_mask(2, 4, 300, 517, block_size, device, density=0.6, seed=65)
-    m[:, :, 1] = False  # query blocks that see nothing
-    check_causal_and_not_twice(q, k, v, m, block_size)
-
-
-@pytest.mark.parametrize("D", [64, 128])
-def test_fused_backward_order_at_scale(device, monkeypatch, D):
+def test_fused_backward_order_at_scale(device, monkeypatch):
     """Many key tiles adding into each query tile's dQ, more items than
     resident CTAs, dense, causal and sparse: the fused pass is bit-identical
     run to run and agrees with the two-kernel backward."""
     if not _hopper(device):
         pytest.skip("the wgmma backward runs on Hopper GPUs")
-    monkeypatch.setenv("BARACUDA_HOPPER_FUSED_BACKWARD_D64", "1")
-    q, k, v = inputs(2, 8, 4, 3000, 3100, D, D, torch.bfloat16, device, seed=21)
+    q, k, v = inputs(2, 8, 4, 3000, 3100, 128, 128, torch.bfloat16, device, seed=21)
     go = torch.randn(q.shape, device=device, dtype=q.dtype,
                      generator=torch.Generator(device=device).manual_seed(22))
     sparse = random_mask(2, 8, 3000, 3100, 128, device, density=0.15, seed=23)

@@ -132,13 +132,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> block_sparse_attention_backward(
       strides_of(a.grad_out_strides, got);
       at::Tensor counters = at::zeros({2}, q_in.options().dtype(at::kInt));
       // One fused pass where it applies: a float32 dQ accumulator and the
-      // order word of each 64-row query tile (see the Hopper backward). At
-      // D = 64 it is opt-in (BARACUDA_HOPPER_FUSED_BACKWARD_D64=1) until
-      // that form has run on a GPU.
+      // order word of each 64-row query tile (see the Hopper backward).
       at::Tensor dq_accum, dq_order;
       if (block_sparse_attention_backward_hopper_fuses(a) &&
-          !env_flag("BARACUDA_HOPPER_TWO_KERNEL_BACKWARD") &&
-          (q.size(3) == 128 || env_flag("BARACUDA_HOPPER_FUSED_BACKWARD_D64"))) {
+          !env_flag("BARACUDA_HOPPER_TWO_KERNEL_BACKWARD")) {
         dq_accum = at::empty({B * H * a.rows_stride * q.size(3)}, q_in.options().dtype(at::kFloat));
         dq_order = at::empty({B * H * a.rows_stride / 64}, q_in.options().dtype(at::kInt));
         a.dq_accum = dq_accum.data_ptr();

@@ -71,19 +71,18 @@ constexpr int kKeyTile = 64;  // keys per streamed tile of the dQ kernel
 // too; at kTestsNone only top-left causal is, in fewer registers (the
 // general test spills in the D = 64 kernel, which two CTAs share an SM).
 //
-// kFused (two consumers): per query tile the warpgroups also put dS^T
-// into shared memory and compute dQ = dS K (K from the item's tile), which
-// goes to a dQ writer as one float32 partial. D = 128: each warpgroup
-// computes 64 of the D columns over all NK keys. D = 64: each computes all
-// columns over its own 64 keys, and the second adds its partial to the
-// first's in shared memory (the same order every time).
+// kFused (two consumers, D = 128): per query tile the warpgroups also put
+// dS^T into shared memory and compute dQ = dS K (K from the item's tile),
+// each 64 of the D columns over all NK keys, which goes to a dQ writer as
+// one float32 partial.
 template <typename T, int D, int kConsumers, int STAGES, int kTests, bool kFused>
 __device__ inline void consume_key_tiles(const BlockSparseAttentionBackwardArgs& ba,
                                          int64_t k_tiles, const KeyTileRing<T>& ring,
                                          const DqBuffers<T>& dqb, int warp, int lane) {
   constexpr int NK = 64 * kConsumers;
   constexpr int kCols = kRowTile / 8;  // 8-column groups of S^T
-  static_assert(!kFused || kConsumers == 2, "the fused kernel runs two consumer warpgroups");
+  static_assert(!kFused || (kConsumers == 2 && D == 128),
+                "the fused kernel runs two consumer warpgroups over 128 columns");
   const BlockSparseAttentionArgs& a = ba.forward;
   const int wg = warp / 4, wg_warp = warp % 4;
   const int g = lane >> 2, t4 = lane & 3;
@@ -139,8 +138,8 @@ __device__ inline void consume_key_tiles(const BlockSparseAttentionBackwardArgs&
     if constexpr (kFused) {
       // dQ = dS K multiplies dS = 0 by the K rows of keys past the batch's
       // kv_lens, the cache's junk (NaN, say): zeroed before any MMA reads
-      // the tile. At D = 128 each warpgroup's dQ reads both halves, ordered
-      // by the warpgroups' barrier before its first MMA.
+      // the tile. Each warpgroup's dQ reads both halves, ordered by the
+      // warpgroups' barrier before its first MMA.
       if (a.kv_lens != nullptr) {
         const int first_junk = static_cast<int>(keys_of(a, kt.b) - kt.k0);
         if (first_junk < NK) zero_rows_from<T, D, NK>(ring.k, first_junk, wg);
@@ -289,30 +288,20 @@ __device__ inline void consume_key_tiles(const BlockSparseAttentionBackwardArgs&
           }
         }
         fence_proxy_async_shared();
-        // D = 128: each warpgroup's dQ reads both halves of dS^T; D = 64 its
-        // own (immediate barrier ids: a register id makes ptxas reserve 16).
-        if constexpr (D == 128) {
-          asm volatile("bar.sync 3, 256;\n" ::: "memory");
-        } else if (wg == 0) {
-          asm volatile("bar.sync 1, 128;\n" ::: "memory");
-        } else {
-          asm volatile("bar.sync 2, 128;\n" ::: "memory");
-        }
+        // Each warpgroup's dQ reads both halves of dS^T.
+        asm volatile("bar.sync 3, 256;\n" ::: "memory");
       }
       float dq[kFused ? 32 : 1];
       wgmma_fence();
       issue_values<T, D, kRowTile>(dv, pt, dos);
       issue_values<T, D, kRowTile>(dk, dst, qs);
       if constexpr (kFused) {
-        // D = 128: dQ[:, 64 wg + 0..63] = dS K over the NK keys, A the dS^T
-        // tile and B panel wg of the K tile. D = 64: dQ over the
-        // warpgroup's 64 keys, A its rows of dS^T and B its rows of K. Both
-        // operands are stored key row by key row.
-        constexpr int kKeys = D == 128 ? NK : 64;
-        const T* ds_rows = dqb.ds + (partials % 2) * NK * kPanel + (D == 128 ? 0 : wg * 64 * kPanel);
-        const T* k_cols = ring.k + wg * (D == 128 ? NK : 64) * kPanel;
+        // dQ[:, 64 wg + 0..63] = dS K over the NK keys, A the dS^T tile and
+        // B panel wg of the K tile, both stored key row by key row.
+        const T* ds_rows = dqb.ds + (partials % 2) * NK * kPanel;
+        const T* k_cols = ring.k + wg * NK * kPanel;
 #pragma unroll
-        for (int kk = 0; kk < kKeys / 16; ++kk) {
+        for (int kk = 0; kk < NK / 16; ++kk) {
           wgmma_ss_mn<T, 64>(dq, swizzle128_descriptor(ds_rows + kk * 16 * kPanel, 0),
                              swizzle128_descriptor(k_cols + kk * 16 * kPanel, 0), kk > 0);
         }
@@ -325,29 +314,14 @@ __device__ inline void consume_key_tiles(const BlockSparseAttentionBackwardArgs&
       if constexpr (kFused) {
         register_fence(dq);
         // The partial, in register order: float4 j of thread t of column
-        // half c (D = 128: warpgroup c) at (c * 8 + j) * 128 + t, which
+        // half (warpgroup) c at (c * 8 + j) * 128 + t, which
         // write_dq_partials and store_grad_q read back in the same order.
-        // D = 64: warpgroup 0 writes its partial, then warpgroup 1 adds its
-        // own to it (its thread t holds the same elements).
         const int buf = next_partial();
-        float4* out = reinterpret_cast<float4*>(dqb.dq + buf * kRowTile * D) +
-                      (D == 128 ? wg : 0) * 8 * 128 + threadIdx.x % 128;
-        if (D == 128 || wg == 0) {
+        float4* out = reinterpret_cast<float4*>(dqb.dq + buf * kRowTile * D) + wg * 8 * 128 +
+                      threadIdx.x % 128;
 #pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            out[j * 128] = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
-          }
-        }
-        if constexpr (D == 64) {
-          asm volatile("bar.sync 3, 256;\n" ::: "memory");
-          if (wg == 1) {
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-              const float4 first = out[j * 128];
-              out[j * 128] = make_float4(first.x + dq[4 * j], first.y + dq[4 * j + 1],
-                                         first.z + dq[4 * j + 2], first.w + dq[4 * j + 3]);
-            }
-          }
+        for (int j = 0; j < 8; ++j) {
+          out[j * 128] = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
         }
         fence_proxy_async_shared();
         if (warp == 0 && lane == 0) {
@@ -696,7 +670,9 @@ template <typename T, int D>
 KernelStatus launch_for_blocks(const BlockSparseAttentionBackwardArgs& ba, int* counters,
                                cudaStream_t s) {
   const BlockSparseAttentionArgs& a = ba.forward;
-  if (ba.dq_accum != nullptr) return launch_fused<T, D>(ba, counters, s);
+  if constexpr (D == 128) {
+    if (ba.dq_accum != nullptr) return launch_fused<T, D>(ba, counters, s);
+  }
   // 64 keys (one warpgroup) per dK / dV item: the kernel also takes 128-key
   // items (two warpgroups, for key blocks of 128), which are not selected
   // until measured. 128 query rows per dQ item where the query block allows it.
@@ -733,9 +709,10 @@ KernelStatus block_sparse_attention_backward_hopper_cuda(const BlockSparseAttent
   return launch_for_dtype<__nv_bfloat16>(ba, work_counters, s);
 }
 
+// D = 64 runs the two kernels: a fused form there did not beat them by
+// enough to earn a second path (docs/design/block_sparse_attention.md).
 bool block_sparse_attention_backward_hopper_fuses(const BlockSparseAttentionBackwardArgs& ba) {
-  return (ba.forward.head_dim == 64 || ba.forward.head_dim == 128) &&
-         ba.forward.block_k % 128 == 0;
+  return ba.forward.head_dim == 128 && ba.forward.block_k % 128 == 0;
 }
 
 }  // namespace baracuda

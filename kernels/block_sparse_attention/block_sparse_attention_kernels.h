@@ -182,7 +182,7 @@ KernelStatus block_sparse_attention_backward_generic_cuda(const BlockSparseAtten
 KernelStatus block_sparse_attention_backward_hopper_cuda(const BlockSparseAttentionBackwardArgs& a,
                                                          int* work_counters, void* stream);
 // Whether the Hopper backward can take this problem in one fused pass
-// (head_dim 64 or 128, block_k a multiple of 128), which needs dq_accum and
+// (head_dim 128, block_k a multiple of 128), which needs dq_accum and
 // dq_order; without them it runs two kernels.
 bool block_sparse_attention_backward_hopper_fuses(const BlockSparseAttentionBackwardArgs& a);
 // Fills the per-row scratch (delta, lse_log2) the CUDA executors read.
