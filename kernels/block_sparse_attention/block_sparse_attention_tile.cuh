@@ -120,11 +120,12 @@ struct KeyTileWalk {
   __device__ int next(int t) const {
     if (t < first_tile) t = first_tile;
     if (t >= n_tiles) return n_tiles;
+    // The tile's own block first, alone: on a dense mask it is on.
     const int kb = t / tiles_per_block;
+    if (key_block_on(a, mask_row, kb)) return t;
     const int blocks_end = (n_tiles + tiles_per_block - 1) / tiles_per_block;
-    const int on = first_block_on(mask_row, a.mask_strides[3], kb, blocks_end);
-    if (on == blocks_end) return n_tiles;
-    return on == kb ? t : on * tiles_per_block;
+    const int on = first_block_on(mask_row, a.mask_strides[3], kb + 1, blocks_end);
+    return on == blocks_end ? n_tiles : on * tiles_per_block;
   }
 };
 
