@@ -10,7 +10,6 @@
 // missing grad_lse as no lse term.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 #include <c10/core/DeviceGuard.h>
@@ -78,9 +77,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> block_sparse_attention_backward(
   if (has_grad_out) check_like("grad_out", *grad_out_in, {B, H, Lq, Dv}, q_in.scalar_type(), q_in);
   if (has_grad_lse) check_like("grad_lse", *grad_lse_in, {B, H, Lq}, lse_dtype, q_in);
 
-  at::Tensor grad_q = at::empty(q_in.sizes(), q_in.options());
-  at::Tensor grad_k = at::empty(k_in.sizes(), k_in.options());
-  at::Tensor grad_v = at::empty(v_in.sizes(), v_in.options());
+  at::Tensor grad_q = new_empty(q_in.sizes(), q_in.options());
+  at::Tensor grad_k = new_empty(k_in.sizes(), k_in.options());
+  at::Tensor grad_v = new_empty(v_in.sizes(), v_in.options());
   if (grad_q.numel() == 0 && grad_k.numel() == 0 && grad_v.numel() == 0) {
     return {grad_q, grad_k, grad_v};
   }
@@ -89,9 +88,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> block_sparse_attention_backward(
   const at::Tensor grad_out = compute_operand(has_grad_out ? *grad_out_in : at::zeros_like(out_in));
   // The host executor writes in its compute dtype; half gradients are cast after.
   const bool cast_after = !q.is_same(q_in);
-  at::Tensor gq = cast_after ? at::empty(q.sizes(), q.options()) : grad_q;
-  at::Tensor gk = cast_after ? at::empty(k.sizes(), k.options()) : grad_k;
-  at::Tensor gv = cast_after ? at::empty(v.sizes(), v.options()) : grad_v;
+  at::Tensor gq = cast_after ? new_empty(q.sizes(), q.options()) : grad_q;
+  at::Tensor gk = cast_after ? new_empty(k.sizes(), k.options()) : grad_k;
+  at::Tensor gv = cast_after ? new_empty(v.sizes(), v.options()) : grad_v;
 
   BlockSparseAttentionBackwardArgs a;
   a.forward = attention_args(p, q, k, v, at::Tensor(), at::Tensor());
@@ -118,7 +117,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> block_sparse_attention_backward(
     const c10::DeviceGuard guard(q_in.device());
     void* stream = current_cuda_stream(q_in);
     a.rows_stride = (Lq + 127) / 128 * 128;
-    at::Tensor scratch = at::empty({2, B * H * a.rows_stride}, q_in.options().dtype(lse_dtype));
+    at::Tensor scratch = new_empty({2, B * H * a.rows_stride}, q_in.options().dtype(lse_dtype));
     a.delta = scratch[0].data_ptr();
     a.lse_log2 = scratch[1].data_ptr();
     check_status(block_sparse_attention_backward_rows_cuda(a, stream), kOp, "row scratch");
@@ -136,8 +135,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> block_sparse_attention_backward(
       at::Tensor dq_accum, dq_order;
       if (block_sparse_attention_backward_hopper_fuses(a) &&
           !env_flag("BARACUDA_HOPPER_TWO_KERNEL_BACKWARD")) {
-        dq_accum = at::empty({B * H * a.rows_stride * q.size(3)}, q_in.options().dtype(at::kFloat));
-        dq_order = at::empty({B * H * a.rows_stride / 64}, q_in.options().dtype(at::kInt));
+        dq_accum = new_empty({B * H * a.rows_stride * q.size(3)}, q_in.options().dtype(at::kFloat));
+        dq_order = new_empty({B * H * a.rows_stride / 64}, q_in.options().dtype(at::kInt));
         a.dq_accum = dq_accum.data_ptr();
         a.dq_order = dq_order.data_ptr<int>();
       }

@@ -5,7 +5,6 @@
 //                          q_document_ids, kv_document_ids) -> (out, lse)
 //   block_sparse_attention_path(...)  which executor the same call runs on
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
@@ -76,12 +75,12 @@ std::tuple<at::Tensor, at::Tensor> block_sparse_attention(
                                                 ElementArguments{causal_align, window_left, window_right, q_document_ids, kv_document_ids,
                                                  partial_index, partial_bits, kv_lens});
   const int64_t B = q_in.size(0), H = q_in.size(1), Lq = q_in.size(2), Dv = v_in.size(3);
-  at::Tensor out = at::empty({B, H, Lq, Dv}, q_in.options());
-  at::Tensor lse = at::empty({B, H, Lq}, q_in.options().dtype(attention_lse_dtype(q_in.scalar_type())));
+  at::Tensor out = new_empty({B, H, Lq, Dv}, q_in.options());
+  at::Tensor lse = new_empty({B, H, Lq}, q_in.options().dtype(attention_lse_dtype(q_in.scalar_type())));
   if (out.numel() == 0) return {out, lse};
   const Plan pl = plan(p);
   // The host kernel writes in the compute dtype; half outputs are cast after.
-  at::Tensor out_c = pl.q.scalar_type() == out.scalar_type() ? out : at::empty(out.sizes(), pl.q.options());
+  at::Tensor out_c = pl.q.scalar_type() == out.scalar_type() ? out : new_empty(out.sizes(), pl.q.options());
   const BlockSparseAttentionArgs a = attention_args(p, pl.q, pl.k, pl.v, out_c, lse);
   if (pl.path == AttentionPath::kHost) {
     check_status(block_sparse_attention_cpu(a), kOp, "attention");

@@ -2,12 +2,12 @@
 
 #ifdef BARACUDA_WITH_CUDA
 
-#include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 
 #include <cmath>
 #include <cstdint>
 
+#include "common/torch_glue.h"
 #include "merge/merge_kernels.h"
 
 namespace baracuda {
@@ -120,14 +120,14 @@ KernelStatus run_tensor_core_forward(BlockSparseAttentionArgs a, bool hopper, co
   a.split_keys = (a.split_keys + 127) / 128 * 128;  // whole key tiles of either kernel
   a.kv_splits = (a.k_len + a.split_keys - 1) / a.split_keys;
   const auto f32 = q.options().dtype(at::kFloat);
-  const at::Tensor parts = at::empty({a.kv_splits, B, H, Lq, Dv}, f32);
-  const at::Tensor part_lse = at::empty({a.kv_splits, B, H, Lq}, f32);
+  const at::Tensor parts = new_empty({a.kv_splits, B, H, Lq, Dv}, f32);
+  const at::Tensor part_lse = new_empty({a.kv_splits, B, H, Lq}, f32);
   point_outputs(a, parts[0], part_lse[0], group);
   a.out_split_stride = parts.stride(0);
   a.lse_split_stride = part_lse.stride(0);
   KernelStatus status = launch(a, hopper, q, stream);
   if (!status.is_ok()) return status;
-  const at::Tensor merged = at::empty({B, H, Lq, Dv}, f32);
+  const at::Tensor merged = new_empty({B, H, Lq, Dv}, f32);
   status = merge_splits(parts, part_lse, merged, lse, stream);
   if (status.is_ok()) out.copy_(merged);
   return status;

@@ -1,5 +1,6 @@
 #include "common/torch_glue.h"
 
+#include <ATen/EmptyTensor.h>
 #include <c10/util/Exception.h>
 
 namespace baracuda {
@@ -19,6 +20,14 @@ FloatDtype float_dtype_of(const char* op, const char* name, const at::Tensor& t)
                   " is not supported; use float16, bfloat16, float32 or float64");
   }
   return FloatDtype::kFloat32;
+}
+
+at::Tensor new_empty(at::IntArrayRef sizes, const at::TensorOptions& options) {
+#ifdef BARACUDA_WITH_CUDA
+  if (options.device().is_cuda()) return new_empty_cuda(sizes, options);
+#endif
+  TORCH_CHECK(options.device().is_cpu(), "baracuda: no allocator for device ", options.device());
+  return at::detail::empty_cpu(sizes, options);
 }
 
 StorageSpan storage_span(int64_t storage_offset, at::IntArrayRef sizes,

@@ -26,6 +26,15 @@ FloatDtype float_dtype_of(const char* op, const char* name, const at::Tensor& t)
 #define BARACUDA_CUDA_ONLY(fn) nullptr
 #endif
 
+// An uninitialised contiguous tensor on `options`' device (CPU or CUDA),
+// allocated as torch's own kernels allocate their outputs: straight from the
+// device's allocator, without a trip through the dispatcher, which costs
+// about a microsecond of host time per tensor on small calls.
+at::Tensor new_empty(at::IntArrayRef sizes, const at::TensorOptions& options);
+
+// new_empty's CUDA side, in cuda_stream.cpp (CUDA builds only).
+at::Tensor new_empty_cuda(at::IntArrayRef sizes, const at::TensorOptions& options);
+
 // The current CUDA stream of `t`'s device, as a cudaStream_t in a void*.
 // Defined (in cuda_stream.cpp) only in CUDA builds; call it under
 // BARACUDA_WITH_CUDA.

@@ -8,7 +8,6 @@
 // len(kernel_size) (2 or 3) is the number of spatial axes; x is
 // [C, spatial...] or [N, C, spatial...].
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <torch/library.h>
@@ -130,8 +129,8 @@ std::tuple<at::Tensor, at::Tensor> fractional_max_pool(const at::Tensor& x,
   TORCH_CHECK(x.layout() == at::kStrided, "baracuda::", op, ": x must be a strided tensor");
   FmpGeometry g = geometry(op, x.sizes(), kernel_size, output_size, x, samples, placement);
   const auto shape = with_spatial(x.sizes(), g.dims, output_size);
-  at::Tensor out = at::empty(shape, x.options());
-  at::Tensor indices = at::empty(shape, x.options().dtype(at::kLong));
+  at::Tensor out = new_empty(shape, x.options());
+  at::Tensor indices = new_empty(shape, x.options().dtype(at::kLong));
   if (out.numel() == 0) return {out, indices};
   const at::Tensor s = kernel_samples(samples, x);
   FmpForwardArgs a;
@@ -170,7 +169,7 @@ at::Tensor fractional_max_pool_backward(const at::Tensor& grad_out, const at::Te
               indices.scalar_type(), " must be Long");
   TORCH_CHECK(indices.device() == grad_out.device(), "baracuda::", op, ": indices is on ",
               indices.device(), " but grad_out is on ", grad_out.device());
-  at::Tensor grad_in = at::empty(input_size, grad_out.options());
+  at::Tensor grad_in = new_empty(input_size, grad_out.options());
   if (grad_in.numel() == 0) return grad_in;
   const at::Tensor s = kernel_samples(samples, grad_out);
   FmpBackwardArgs a;
@@ -188,7 +187,7 @@ at::Tensor fractional_max_pool_backward(const at::Tensor& grad_out, const at::Te
   // The band kernel needs no cover table: nothing to allocate for it.
   at::Tensor cover;
   if (cover_entries > 0) {
-    cover = at::empty({2 * cover_entries}, grad_out.options().dtype(at::kInt));
+    cover = new_empty({2 * cover_entries}, grad_out.options().dtype(at::kInt));
     a.cover = cover.data_ptr<int32_t>();
   }
   run_on_device<FmpBackwardArgs>(op, "backward", a, grad_out, &fmp_backward_cpu,

@@ -6,7 +6,6 @@
 //   merge_state_backward / merge_states_backward          gradients of the above
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
@@ -78,7 +77,7 @@ void cell_grid(CellGrid& g, const at::Tensor& s, int64_t skip) {
 }
 
 at::Tensor new_like(const at::Tensor& t, at::IntArrayRef sizes, at::ScalarType dtype) {
-  return at::empty(sizes, t.options().dtype(dtype));
+  return new_empty(sizes, t.options().dtype(dtype));
 }
 
 // The host kernels take float32/float64: half types are computed in float32.

@@ -16,7 +16,6 @@
 // Integer scans run on their own engine (scan_integer_kernels.h).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -92,7 +91,7 @@ struct WorkspaceOwner {
 
 void* allocate_workspace(void* owner, int64_t bytes) {
   auto* w = static_cast<WorkspaceOwner*>(owner);
-  w->bytes = at::empty({bytes}, w->options.dtype(at::kByte));
+  w->bytes = new_empty({bytes}, w->options.dtype(at::kByte));
   return w->bytes.data_ptr();
 }
 
@@ -207,9 +206,9 @@ bool has_indices(ScanKind kind) { return kind == ScanKind::kCummax || kind == Sc
 // indices (undefined otherwise).
 std::tuple<at::Tensor, at::Tensor> new_results(ScanKind kind, const at::Tensor& x,
                                                at::ScalarType dtype) {
-  at::Tensor y = at::empty(x.sizes(), x.options().dtype(dtype));
+  at::Tensor y = new_empty(x.sizes(), x.options().dtype(dtype));
   if (!has_indices(kind)) return {y, at::Tensor()};
-  return {y, at::empty(x.sizes(), x.options().dtype(at::kLong))};
+  return {y, new_empty(x.sizes(), x.options().dtype(at::kLong))};
 }
 
 std::tuple<at::Tensor, at::Tensor> integer_forward(ScanKind kind, const at::Tensor& x,
@@ -248,7 +247,7 @@ std::tuple<at::Tensor, at::Tensor> forward(ScanKind kind, const at::Tensor& x_in
   if (s.numel() == 0) return {y, idx};
   const at::Tensor xc = host_compute(x);
   const bool up = needs_host_upcast(x);
-  at::Tensor yc = up ? at::empty(x.sizes(), xc.options()) : y;
+  at::Tensor yc = up ? new_empty(x.sizes(), xc.options()) : y;
   WorkspaceOwner ws{x.options()};
   ScanForwardArgs a = launch_args<ScanForwardArgs>(kind, op, xc, s, reverse, ws);
   a.x = xc.const_data_ptr();
@@ -314,7 +313,7 @@ at::Tensor scan_backward(const at::Tensor& grad, const c10::optional<at::Tensor>
     ys = saved(op, kind, "y", y, grad, true);
   }
   if (uses_idx) is = saved(op, kind, "indices", indices, grad, false).contiguous();
-  at::Tensor dx = at::empty(grad.sizes(), grad.options());
+  at::Tensor dx = new_empty(grad.sizes(), grad.options());
   if (s.numel() == 0) return dx;
   const bool up = needs_host_upcast(grad);
   const at::Tensor gc = host_compute(grad);
@@ -322,7 +321,7 @@ at::Tensor scan_backward(const at::Tensor& grad, const c10::optional<at::Tensor>
     xs = host_compute(xs);
     ys = host_compute(ys);
   }
-  at::Tensor dxc = up ? at::empty(grad.sizes(), gc.options()) : dx;
+  at::Tensor dxc = up ? new_empty(grad.sizes(), gc.options()) : dx;
   WorkspaceOwner ws{grad.options()};
   ScanBackwardArgs a = launch_args<ScanBackwardArgs>(kind, op, gc, s, reverse, ws);
   a.dy = gc.const_data_ptr();
