@@ -289,8 +289,10 @@ def _hopper(device):
 
 @pytest.mark.parametrize("block_size", [64, 128, (128, 64), (64, 128), (256, 128)])
 @pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-# The generic executor on these shapes is the slow tier: other tests cover it.
+# float16 runs the bfloat16 kernels' code with the other conversion and MMA
+# type: the slow tier, as is the generic executor on these shapes (other
+# tests cover it).
+@pytest.mark.parametrize("dtype", [torch.bfloat16, pytest.param(torch.float16, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("path", ["wgmma", "two_kernel", pytest.param("generic", marks=pytest.mark.slow)])
 def test_tensor_core_shapes_backward(device, monkeypatch, block_size, D, dtype, path):
     """The shapes the Hopper wgmma backward takes (by default on Hopper: one

@@ -640,7 +640,12 @@ def test_wgmma_backward_position_conditions(device, D):
     assert (clean[2][1][1, :, 150:] == 0).all() and (clean[2][2][1, :, 150:] == 0).all()
 
 
-@pytest.mark.parametrize("block_size", [64, 128, (128, 64), (64, 128)])
+# Uneven tiles run the same kernels with other constants: the slow tier.
+UNEVEN_TILES_SLOW = [64, 128, pytest.param((128, 64), marks=pytest.mark.slow),
+                     pytest.param((64, 128), marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("block_size", UNEVEN_TILES_SLOW)
 @pytest.mark.parametrize("executor", ["default", "mma_sync"])
 def test_tensor_core_exact_masks(device, monkeypatch, block_size, executor):
     """The tensor-core kernels' reading of exact-mask bits (forward, and the
@@ -688,7 +693,9 @@ def check_on_wgmma(q, k, v, m, block_size, **conditions):
     assert_runs_identical(q, k, v, m, size, **conditions)
 
 
-@pytest.mark.parametrize("block_size", [64, 128, (128, 64), (64, 128)])
+# One block size in the quick tier: each takes about 45 s on an H200.
+@pytest.mark.parametrize("block_size", [128] + [pytest.param(b, marks=pytest.mark.slow)
+                                               for b in (64, (128, 64), (64, 128))])
 def test_hopper_document_ids(device, monkeypatch, block_size):
     """The Hopper kernels' test of document ids (forward and backward):
     packed documents, causal and not, with a tile mask, an exact mask and a
@@ -724,7 +731,9 @@ def test_hopper_document_ids(device, monkeypatch, block_size):
                                           document_ids=(packed_q, packed_k)) == "cuda_generic"
 
 
-@pytest.mark.parametrize("block_size", [64, 128, (128, 64), (64, 128)])
+# One block size in the quick tier: each takes about 25 s on an H200.
+@pytest.mark.parametrize("block_size", [128] + [pytest.param(b, marks=pytest.mark.slow)
+                                               for b in (64, (128, 64), (64, 128))])
 def test_hopper_head_dim_256(device, monkeypatch, block_size):
     """The Hopper forward with 256-wide heads: a random tile
     mask, causal, GQA and uneven lengths; bottom-right causal with a window;

@@ -310,7 +310,11 @@ def check_grad(name, x, dim, reverse, dy):
     torch.testing.assert_close(got.double().cpu(), ref.cpu(), **t)
 
 
-@pytest.mark.parametrize("dtype", DTYPES_FLOAT16_SLOW, ids=str)
+# float64 runs the float32 backward's code in the wider type: with float16,
+# the slow tier of this sweep (about 80 s of it on an H200).
+@pytest.mark.parametrize("dtype", [pytest.param(torch.float16, marks=pytest.mark.slow),
+                                   torch.bfloat16, torch.float32,
+                                   pytest.param(torch.float64, marks=pytest.mark.slow)], ids=str)
 @pytest.mark.parametrize("name", ALL_OPS)
 def test_backward_every_dtype(device, dtype, name, rng):
     for shape, dim in [((4, 37, 6), 1), ((4, 37, 6), -1), ((4, 37, 6), 0)] + \
@@ -755,6 +759,9 @@ def check_grad_along_rows(name, x, dy):
             torch.testing.assert_close(got.double().cpu(), ref.cpu(), **tol(x.dtype, x.shape[-1]))
 
 
+# About 35 s on an H200: the slow tier. The cumprod test below keeps the
+# same vectorised row moves in the quick tier.
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", BFLOAT16_QUICK, ids=str)
 def test_logcumsumexp_backward_two_byte_rows_moved_whole(device, dtype, rng):
     # On CUDA, where dy, x, y and dx all lie on 16-byte boundaries, each run
@@ -798,9 +805,10 @@ LONG_ROW_LAYOUTS = [((1, 40000), 0), ((1, 40000), 1), ((1, 40003), 0), ((1, 4000
 
 @pytest.mark.parametrize("dtype", float32_quick([torch.bfloat16, torch.float32, torch.float64]),
                          ids=str)
-# The long-row kernels are templates over the op: cumsum, logcumsumexp and
-# cummax run them in the quick tier, cumprod and cummin in the slow one.
-@pytest.mark.parametrize("name", [n if n not in ("cumprod", "cummin") else
+# The long-row kernels are templates over the op: cumsum and cummax run them
+# in the quick tier, cumprod, cummin and logcumsumexp (its own long-row tests
+# below are quick) in the slow one.
+@pytest.mark.parametrize("name", [n if n not in ("cumprod", "cummin", "logcumsumexp") else
                                   pytest.param(n, marks=pytest.mark.slow) for n in ALL_OPS])
 def test_long_rows_layouts_and_ragged_tiles(device, dtype, name, rng):
     for shape, k in LONG_ROW_LAYOUTS:
@@ -1094,7 +1102,8 @@ def assert_long_row_grad_close(name, got, x, reverse, dy):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype", float32_quick([torch.float16, torch.bfloat16, torch.float32,
                                                 torch.float64]), ids=str)
-@pytest.mark.parametrize("name", ["cumsum", "cumprod"])
+# cumprod runs cumsum's staged kernel with another op: the slow tier.
+@pytest.mark.parametrize("name", ["cumsum", pytest.param("cumprod", marks=pytest.mark.slow)])
 def test_staged_long_rows_on_cuda(dtype, name):
     g = torch.Generator().manual_seed(11)
     for shape in STAGED_ROWS:
