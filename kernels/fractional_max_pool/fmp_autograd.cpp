@@ -12,7 +12,9 @@
 
 #include <string>
 #include <tuple>
+#include <vector>
 
+#include "common/autograd_node.h"
 #include "common/op_handle.h"
 
 namespace baracuda {
@@ -75,34 +77,28 @@ at::Tensor pool_backward_graph(const at::Tensor& grad_out, const at::Tensor& ind
                              std::string(placement));
 }
 
-// (out, indices) = pool(x); the indices carry no gradient.
-struct Pool : public torch::autograd::Function<Pool> {
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& x,
-                               at::IntArrayRef kernel_size, c10::SymIntArrayRef output_size,
-                               const at::Tensor& samples, const std::string& placement) {
-    at::AutoDispatchBelowADInplaceOrView below;
-    auto [out, indices] = pool_op().call(x, kernel_size, output_size, samples, placement);
-    ctx->save_for_backward({indices, samples});
-    ctx->saved_data["input_size"] = x.sym_sizes();
-    ctx->saved_data["kernel_size"] = kernel_size;
-    ctx->saved_data["placement"] = placement;
-    ctx->mark_non_differentiable({indices});
-    // Unmaterialised: autograd would otherwise fill a zero int64 gradient
-    // for the indices on every backward (an allocation and a kernel).
-    ctx->set_materialize_grads(false);
-    return {out, indices};
+// The pool's node: grad_x from the gradient of out (the indices carry none).
+// A plain node rather than a Function (see common/autograd_node.h): this is
+// the op's hot path under autograd.
+struct PoolNode : public torch::autograd::Node {
+  torch::autograd::SavedVariable indices, samples;
+  std::vector<c10::SymInt> input_size;
+  std::vector<int64_t> kernel_size;
+  std::string placement;
+
+  std::string name() const override { return "FractionalMaxPoolBackward"; }
+
+  variable_list apply(variable_list&& grads) override {
+    variable_list grad_x(1);
+    if (!grads[0].defined() || !task_should_compute_output(0)) return grad_x;
+    grad_x[0] = pool_backward_graph(grads[0], indices.unpack(), samples.unpack(), input_size,
+                                    kernel_size, placement);
+    return grad_x;
   }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const variable_list saved = ctx->get_saved_variables();
-    const std::vector<c10::SymInt> input_size = ctx->saved_data["input_size"].toSymIntVector();
-    const std::vector<int64_t> kernel_size = ctx->saved_data["kernel_size"].toIntVector();
-    // Undefined where only the indices were used: x's gradient is then zero,
-    // which an undefined gradient says.
-    if (!grads[0].defined()) return variable_list(5);
-    const at::Tensor grad_x = pool_backward_graph(grads[0], saved[0], saved[1], input_size,
-                                                  kernel_size,
-                                                  ctx->saved_data["placement"].toStringRef());
-    return {grad_x, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+
+  void release_variables() override {
+    indices.reset_data();
+    samples.reset_data();
   }
 };
 
@@ -110,13 +106,20 @@ std::tuple<at::Tensor, at::Tensor> pool_graph(const at::Tensor& x, at::IntArrayR
                                               c10::SymIntArrayRef output_size,
                                               const at::Tensor& samples,
                                               c10::string_view placement) {
-  if (!c10::GradMode::is_enabled() || !x.requires_grad()) {
+  auto result = [&] {
     at::AutoDispatchBelowADInplaceOrView below;
     return pool_op().call(x, kernel_size, output_size, samples, placement);
-  }
-  const variable_list r = Pool::apply(x, kernel_size, output_size, samples,
-                                      std::string(placement));
-  return {r[0], r[1]};
+  }();
+  if (!torch::autograd::compute_requires_grad(x)) return result;
+  const auto node = make_node<PoolNode>();
+  node->set_next_edges(torch::autograd::collect_next_edges(x));
+  node->indices = torch::autograd::SavedVariable(std::get<1>(result), false);
+  node->samples = torch::autograd::SavedVariable(samples, false);
+  node->input_size = x.sym_sizes().vec();
+  node->kernel_size = kernel_size.vec();
+  node->placement = std::string(placement);
+  torch::autograd::set_history(std::get<0>(result), node);
+  return result;
 }
 
 }  // namespace
