@@ -12,6 +12,7 @@
 #include <string>
 #include <tuple>
 
+#include "common/forward_ad.h"
 #include "common/no_double_backward.h"
 #include "common/op_handle.h"
 
@@ -126,6 +127,7 @@ std::tuple<at::Tensor, at::Tensor> attention_autograd(const at::Tensor& q, const
                                                       int64_t block_q, int64_t block_k,
                                                       std::optional<double> scale, bool is_causal,
                                                       ELEMENT_PARAMETERS) {
+  refuse_tangents("baracuda::block_sparse_attention", q, k, v);
   if (!c10::GradMode::is_enabled() || !(needs_graph(q) || needs_graph(k) || needs_graph(v))) {
     at::AutoDispatchBelowADInplaceOrView below;
     return attention_op().call(q, k, v, block_mask, block_q, block_k, scale, is_causal,
@@ -143,6 +145,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_autograd(
     const at::Tensor& k, const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
     const at::Tensor& block_mask, int64_t block_q, int64_t block_k, std::optional<double> scale,
     bool is_causal, ELEMENT_PARAMETERS) {
+  refuse_tangents(kAttentionBackward, grad_out, grad_lse, q, k, v, out, lse);
   const variable_list r = backward_outputs<kAttentionBackward>(
       {grad_out.value_or(at::Tensor()), grad_lse.value_or(at::Tensor()), q, k, v, out, lse},
       [&]() -> variable_list {

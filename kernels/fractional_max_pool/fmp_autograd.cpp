@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/autograd_node.h"
+#include "common/forward_ad.h"
 #include "common/op_handle.h"
 
 namespace baracuda {
@@ -68,6 +69,7 @@ struct PoolBackward : public torch::autograd::Function<PoolBackward> {
 at::Tensor pool_backward_graph(const at::Tensor& grad_out, const at::Tensor& indices,
                                const at::Tensor& samples, c10::SymIntArrayRef input_size,
                                at::IntArrayRef kernel_size, c10::string_view placement) {
+  refuse_tangents("baracuda::fractional_max_pool_backward", grad_out);
   if (!c10::GradMode::is_enabled() || !grad_out.requires_grad()) {
     at::AutoDispatchBelowADInplaceOrView below;
     return pool_backward_op().call(grad_out, indices, samples, input_size, kernel_size,
@@ -106,6 +108,7 @@ std::tuple<at::Tensor, at::Tensor> pool_graph(const at::Tensor& x, at::IntArrayR
                                               c10::SymIntArrayRef output_size,
                                               const at::Tensor& samples,
                                               c10::string_view placement) {
+  refuse_tangents("baracuda::fractional_max_pool", x, samples);
   auto result = [&] {
     at::AutoDispatchBelowADInplaceOrView below;
     return pool_op().call(x, kernel_size, output_size, samples, placement);

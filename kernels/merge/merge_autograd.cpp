@@ -22,6 +22,7 @@
 #include <string>
 #include <tuple>
 
+#include "common/forward_ad.h"
 #include "common/no_double_backward.h"
 #include "common/op_handle.h"
 
@@ -137,6 +138,7 @@ constexpr char kMergeManyBackward[] = "baracuda::merge_states_backward";
 std::tuple<at::Tensor, at::Tensor> merge_autograd(const at::Tensor& v_a, const at::Tensor& s_a,
                                                   const at::Tensor& v_b, const at::Tensor& s_b,
                                                   c10::string_view lse_base) {
+  refuse_tangents("baracuda::merge_state", v_a, s_a, v_b, s_b);
   if (!any_requires_grad({&v_a, &s_a, &v_b, &s_b})) {
     at::AutoDispatchBelowADInplaceOrView below;
     return merge_op().call(v_a, s_a, v_b, s_b, lse_base);
@@ -147,6 +149,7 @@ std::tuple<at::Tensor, at::Tensor> merge_autograd(const at::Tensor& v_a, const a
 
 std::tuple<at::Tensor, at::Tensor> merge_many_autograd(const at::Tensor& v, const at::Tensor& s,
                                                        c10::string_view lse_base) {
+  refuse_tangents("baracuda::merge_states", v, s);
   if (!any_requires_grad({&v, &s})) {
     at::AutoDispatchBelowADInplaceOrView below;
     return merge_many_op().call(v, s, lse_base);
@@ -159,6 +162,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> merge_backward_autogr
     const at::Tensor& grad_v, const std::optional<at::Tensor>& grad_s, const at::Tensor& v_a,
     const at::Tensor& s_a, const at::Tensor& v_b, const at::Tensor& s_b,
     c10::string_view lse_base) {
+  refuse_tangents(kMergeBackward, grad_v, grad_s, v_a, s_a, v_b, s_b);
   const variable_list r = backward_outputs<kMergeBackward>(
       {grad_v, grad_s.value_or(at::Tensor()), v_a, s_a, v_b, s_b}, [&]() -> variable_list {
         auto [a, b, c, d] =
@@ -171,6 +175,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> merge_backward_autogr
 std::tuple<at::Tensor, at::Tensor> merge_many_backward_autograd(
     const at::Tensor& grad_v, const std::optional<at::Tensor>& grad_s, const at::Tensor& v,
     const at::Tensor& s, c10::string_view lse_base) {
+  refuse_tangents(kMergeManyBackward, grad_v, grad_s, v, s);
   const variable_list r = backward_outputs<kMergeManyBackward>(
       {grad_v, grad_s.value_or(at::Tensor()), v, s}, [&]() -> variable_list {
         auto [a, b] = merge_many_backward_op().call(grad_v, grad_s, v, s, lse_base);
@@ -181,6 +186,7 @@ std::tuple<at::Tensor, at::Tensor> merge_many_backward_autograd(
 
 void merge_state_autograd(const at::Tensor& v, const at::Tensor& s, const at::Tensor& v_other,
                           const at::Tensor& s_other, c10::string_view lse_base) {
+  refuse_tangents("baracuda::merge_state_", v, s, v_other, s_other);
   if (c10::GradMode::is_enabled()) {
     std::string needing_grad;
     const char* const names[] = {"v", "s", "v_other", "s_other"};

@@ -14,6 +14,7 @@
 #include <string>
 #include <tuple>
 
+#include "common/forward_ad.h"
 #include "scan/scan_double_backward.h"
 #include "scan/scan_op_handles.h"
 
@@ -139,6 +140,7 @@ struct ScanBackward : public torch::autograd::Function<ScanBackward> {
 template <const char* kName>
 at::Tensor value_scan(const at::Tensor& x, int64_t dim, bool reverse) {
   static const auto op = find_op<ValueScanFn>(kName);
+  refuse_tangents(kName, x);
   if (!needs_graph(x)) {
     at::AutoDispatchBelowADInplaceOrView below;
     return op.call(x, dim, reverse);
@@ -154,6 +156,7 @@ template <const char* kName>
 at::Tensor dtype_scan(const at::Tensor& x, int64_t dim, bool reverse,
                       std::optional<at::ScalarType> dtype) {
   static const auto op = find_op<DtypeScanFn>(kName);
+  refuse_tangents(kName, x);
   if (!needs_graph(x)) {
     at::AutoDispatchBelowADInplaceOrView below;
     return op.call(x, dim, reverse, dtype);
@@ -170,6 +173,7 @@ at::Tensor dtype_scan(const at::Tensor& x, int64_t dim, bool reverse,
 template <const char* kName>
 std::tuple<at::Tensor, at::Tensor> indexed_scan(const at::Tensor& x, int64_t dim, bool reverse) {
   static const auto op = find_op<IndexedScanFn>(kName);
+  refuse_tangents(kName, x);
   if (!needs_graph(x)) {
     at::AutoDispatchBelowADInplaceOrView below;
     return op.call(x, dim, reverse);
@@ -183,6 +187,7 @@ at::Tensor scan_backward(const at::Tensor& grad, const std::optional<at::Tensor>
                          const std::optional<at::Tensor>& indices, int64_t dim,
                          c10::string_view kind, bool reverse) {
   static const auto op = find_op<ScanBackwardFn>("baracuda::scan_backward");
+  refuse_tangents("baracuda::scan_backward", grad, x, y);
   if (!needs_graph(grad) && !needs_graph(x) && !needs_graph(y)) {
     at::AutoDispatchBelowADInplaceOrView below;
     return op.call(grad, x, y, indices, dim, kind, reverse);

@@ -24,6 +24,7 @@
 
 #include <vector>
 
+#include "common/forward_ad.h"
 #include "common/op_handle.h"
 
 namespace baracuda {
@@ -167,6 +168,7 @@ struct WriteSliceAtInPlace : public torch::autograd::Function<WriteSliceAtInPlac
 
 void write_slice_autograd(const at::Tensor& dest, const at::Tensor& source,
                           c10::SymIntArrayRef ranges, bool packed_int4) {
+  refuse_tangents("baracuda::write_slice_", dest, source);
   if (!check_differentiable_write(dest, source)) {
     at::AutoDispatchBelowAutograd below;
     return write_slice_op().call(dest, source, ranges, packed_int4);
@@ -176,6 +178,7 @@ void write_slice_autograd(const at::Tensor& dest, const at::Tensor& source,
 
 void write_slice_at_autograd(const at::Tensor& dest, const at::Tensor& source, int64_t dim,
                              const at::Tensor& offsets, bool packed_int4) {
+  refuse_tangents("baracuda::write_slice_at_", dest, source);
   if (!check_differentiable_write(dest, source)) {
     at::AutoDispatchBelowAutograd below;
     return write_slice_at_op().call(dest, source, dim, offsets, packed_int4);
@@ -185,6 +188,7 @@ void write_slice_at_autograd(const at::Tensor& dest, const at::Tensor& source, i
 
 at::Tensor write_slice_copy_autograd(const at::Tensor& dest, const at::Tensor& source,
                                      c10::SymIntArrayRef ranges, bool packed_int4) {
+  refuse_tangents("baracuda::write_slice", dest, source);
   if (!c10::GradMode::is_enabled() || !(dest.requires_grad() || source.requires_grad())) {
     at::AutoDispatchBelowADInplaceOrView below;
     return write_slice_copy_op().call(dest, source, ranges, packed_int4);
