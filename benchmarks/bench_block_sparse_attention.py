@@ -1,4 +1,4 @@
-"""Block-sparse attention benchmark cases (bf16, B=4, H=16, L=8192, D=128).
+"""Block-sparse attention benchmark cases (bf16, B=4, H=16, L=8192, D 128 and 64).
 
 Patterns: all blocks on, causal, sliding window 1024 + one sink block, and
 random 10 % of blocks, each at block 128 and block 64. Peers, on the same
@@ -89,7 +89,14 @@ def patterns(L, bs, B, H, device):
 
 
 def cases(device, quick=False):
-    B, H, L, D = (1, 2, 1024, 128) if quick else (4, 16, 8192, 128)
+    out = []
+    for D in (128,) if quick else (128, 64):
+        out += _cases_for_head_dim(device, D, quick)
+    return out
+
+
+def _cases_for_head_dim(device, D, quick):
+    B, H, L = (1, 2, 1024) if quick else (4, 16, 8192)
     dtype = torch.bfloat16
     q, k, v = (torch.randn(B, H, L, D, device=device, dtype=dtype) for _ in range(3))
     on_cuda = device.type == "cuda"

@@ -90,9 +90,9 @@ __device__ inline void consume(const BlockSparseAttentionArgs& a, int64_t q_tile
     // Scores of key tile `tile` in s -> P in s (running max and sums updated).
     auto softmax_of = [&](int tile) {
       register_fence(s);
-      scale_and_mask<N / 8>(s, scale_log2, tile * N, row_keys, t4);
+      const float factor = mask_scores<N / 8>(s, scale_log2, tile * N, row_keys, t4);
       mask_elements<kTests, N / 8>(s, a, qt.b, qt.h, row_g, tile * N, t4);
-      softmax.update<N / 8>(s, corr);
+      softmax.update<N / 8>(s, factor, corr);
     };
     // With per-batch key counts, the rows of a V tile past this batch's keys
     // hold whatever the cache holds there (NaN, say); P is 0 for them, but

@@ -492,12 +492,12 @@ __device__ inline void consume_query_tiles(const BlockSparseAttentionBackwardArg
       // Q and dO are read by the two score MMAs only: after the item's last,
       // the producer may load the next item's.
       if (entry & kLastTile) release(ring.q_empty);
-      scale_and_mask<N / 8>(s, scale_log2, tile * N, row_keys, t4);
+      const float factor = mask_scores<N / 8>(s, scale_log2, tile * N, row_keys, t4);
       mask_elements<kTests, N / 8>(s, a, qt.b, qt.h, row_g, tile * N, t4);
 #pragma unroll
       for (int i = 0; i < N / 2; ++i) {
         const int r = (i >> 1) & 1;
-        dp[i] = exp2_flush(s[i] - lse[r]) * (dp[i] - delta[r]);
+        dp[i] = exp2_flush(fmaf(s[i], factor, -lse[r])) * (dp[i] - delta[r]);
       }
 #pragma unroll
       for (int kk = 0; kk < N / 16; ++kk) {

@@ -182,12 +182,12 @@ __global__ void __launch_bounds__(M / 16 * 32)
       }
     }
 
-    scale_and_mask<kSTiles>(s, scale_log2, tile * kKeyTile, row_keys, t4);
+    const float factor = mask_scores<kSTiles>(s, scale_log2, tile * kKeyTile, row_keys, t4);
     if (a.partial_index != nullptr) {
       mask_partial_bits<kSTiles>(s, a, b, h, q0 + warp * 16 + g, tile * kKeyTile, t4);
     }
     float corr[2];
-    softmax.update<kSTiles>(s, corr);
+    softmax.update<kSTiles>(s, factor, corr);
     OnlineSoftmaxRows::rescale<kOTiles>(o, corr);
 
     // O += P V: P's accumulator pairs become the A fragments directly.

@@ -130,7 +130,7 @@ struct KeyTileWalk {
 };
 
 // The keys [lo, hi) that a lane's rows row_g (r = 0) and row_g + 8 (r = 1)
-// may see by position, for scale_and_mask; 32-bit, as the kernels' key
+// may see by position, for mask_scores; 32-bit, as the kernels' key
 // coordinates are (0 <= lo <= hi <= k_len).
 struct LaneRowKeys {
   int lo[2], hi[2];
@@ -146,20 +146,29 @@ struct LaneRowKeys {
   }
 };
 
-// Scores of one key tile (SJ 8-key groups from key0) into log2 units. Keys
-// outside a row's position range (past its batch's keys, after it with
-// causal attention, outside its window) are hidden (-inf); only a tile that
-// reaches outside the lane's ranges needs the test.
+// Hides the scores of one key tile (SJ 8-key groups from key0) whose keys
+// lie outside a row's position range (past its batch's keys, after it with
+// causal attention, outside its window): -inf. Only a tile that reaches
+// outside the lane's ranges needs the test. Returns the factor that brings
+// the scores to log2 units, which the softmax applies inside its exponent
+// (one FFMA per score, where scaling first and subtracting the max cost two
+// instructions): the row max commutes with a positive scale, bit for bit, as
+// rounding is monotonic. A scale that is not positive (zero, negative, NaN)
+// is applied here instead, and the factor is 1.
 template <int SJ>
-__device__ inline void scale_and_mask(float (&s)[4 * SJ], float scale_log2, int key0,
-                                      const LaneRowKeys& rows, int t4) {
+__device__ inline float mask_scores(float (&s)[4 * SJ], float scale_log2, int key0,
+                                    const LaneRowKeys& rows, int t4) {
+  const bool raw = scale_log2 > 0.f;
   const bool edge = max(rows.lo[0], rows.lo[1]) > key0 ||
                     min(rows.hi[0], rows.hi[1]) < key0 + 8 * SJ;
   if (!edge) {  // the common case, kept free of the per-element tests
+    if (!raw) {
 #pragma unroll
-    for (int i = 0; i < 4 * SJ; ++i) s[i] *= scale_log2;
-    return;
+      for (int i = 0; i < 4 * SJ; ++i) s[i] *= scale_log2;
+    }
+    return raw ? scale_log2 : 1.f;
   }
+  const float pre = raw ? 1.f : scale_log2;
   // Key key0 + c sits in column c; this lane's columns are 8 j + 2 t4 + {0, 1}.
 #pragma unroll
   for (int j = 0; j < SJ; ++j) {
@@ -168,9 +177,10 @@ __device__ inline void scale_and_mask(float (&s)[4 * SJ], float scale_log2, int 
       const int key = key0 + j * 8 + 2 * t4 + (e & 1);
       const int r = e >> 1;
       const bool hidden = key < rows.lo[r] || key >= rows.hi[r];
-      s[4 * j + e] = hidden ? -INFINITY : s[4 * j + e] * scale_log2;
+      s[4 * j + e] = hidden ? -INFINITY : s[4 * j + e] * pre;
     }
   }
+  return raw ? scale_log2 : 1.f;
 }
 
 // Hides the scores of an exact mask's partial tile whose bits are clear:
@@ -256,12 +266,13 @@ struct OnlineSoftmaxRows {
   float row_max[2] = {-INFINITY, -INFINITY};
   float row_sum[2] = {0.f, 0.f};
 
-  // s: scores of SJ 8-key groups in log2 units, replaced by P = 2^(s - max)
+  // s: scores of SJ 8-key groups, in log2 units once multiplied by
+  // `factor` (positive; see mask_scores), replaced by P = 2^(factor s - max)
   // under the new running max. corr: the factor by which what was summed
   // under the old max (the sums here, the output accumulator via rescale)
   // must be multiplied.
   template <int SJ>
-  __device__ void update(float (&s)[4 * SJ], float (&corr)[2]) {
+  __device__ void update(float (&s)[4 * SJ], float factor, float (&corr)[2]) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float mx = -INFINITY;
@@ -269,7 +280,7 @@ struct OnlineSoftmaxRows {
       for (int j = 0; j < SJ; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(row_max[r], mx);
+      const float m_new = fmaxf(row_max[r], mx * factor);
       // A row with no visible key so far keeps max -inf; subtract 0 instead
       // so that 2^(-inf - (-inf)) never makes a NaN.
       const float m_use = m_new == -INFINITY ? 0.f : m_new;
@@ -280,7 +291,7 @@ struct OnlineSoftmaxRows {
       for (int j = 0; j < SJ; ++j) {
 #pragma unroll
         for (int e = 2 * r; e < 2 * r + 2; ++e) {
-          const float p = exp2_flush(s[4 * j + e] - m_use);
+          const float p = exp2_flush(fmaf(s[4 * j + e], factor, -m_use));
           s[4 * j + e] = p;
           sum += p;
         }
@@ -327,9 +338,11 @@ struct OnlineSoftmaxRows {
       l += __shfl_xor_sync(0xffffffffu, l, 2);
       const int64_t row = row_g + r * 8;
       if (row >= a.q_len) continue;
-      // Only a row that saw no key has l == 0 (the empty state, (0, -inf));
-      // a NaN score leaves l NaN, which then reaches out and lse.
-      const bool empty = l == 0.f;
+      // Only a row that saw no key has l == 0 with max -inf (the empty
+      // state, (0, -inf)); a NaN score leaves l NaN, and a scaled score past
+      // the float range a max of +inf with l == 0: both reach out and lse
+      // as NaN.
+      const bool empty = l == 0.f && row_max[r] == -INFINITY;
       const float inv = empty ? 0.f : 1.f / l;
       O* orow = og + row * a.out_strides[2];
 #pragma unroll
