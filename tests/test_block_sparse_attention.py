@@ -171,6 +171,19 @@ def test_scale(device):
         check(q, k, v, m, 64, scale=scale)
 
 
+def test_scores_past_the_float_range_are_nan(device):
+    """Scaled scores beyond float32's range have no finite weights: out and
+    lse are NaN, never the empty state (0, -inf) they could pass for."""
+    for dtype, D in ((torch.bfloat16, 64), (torch.float32, 64)):
+        q, k, v = inputs(1, 2, 2, 64, 128, D, D, dtype, device)
+        q, k = q.abs() + 1e18, k.abs() + 1e18  # q . k about 6e37: finite in float32
+        m = torch.ones(1, 1, 1, 2, dtype=torch.bool, device=device)
+        out, lse = bt.block_sparse_attention(q, k, v, m, block_size=64, scale=100.0,
+                                             return_lse=True)
+        assert out.isnan().all() and lse.isnan().all(), (dtype, bt.block_sparse_attention_path(
+            q, k, v, m, block_size=64))
+
+
 def test_empty_rows_are_empty_states(device):
     for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
         q, k, v = inputs(1, 2, 2, 192, 200, 64, 64, dtype, device)
