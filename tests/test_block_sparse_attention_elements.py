@@ -417,6 +417,29 @@ def test_kv_lens_against_the_sliced_cache(device, Lq, dtype):
         assert (out[0] == 0).all() and (lse[0] == float("-inf")).all()  # kv_lens 0
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kv_lens_read_in_place_at_any_width_and_stride(device, dtype):
+    """The lengths are read where they are, int32 or int64, contiguous or a
+    strided view: every form gives the bits of contiguous int64 lengths,
+    forward and backward."""
+    B, H, Hkv, Lq, S, D = 4, 4, 2, 4, 150, 64
+    q, k, v = inputs(B, H, Hkv, Lq, S, D, D, dtype, device, seed=41)
+    lens = [0, 5, 100, S]
+    spread = torch.tensor([n for n in lens for _ in range(3)], device=device)
+
+    def run(n):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = bt.block_sparse_attention(*leaves, block_size=64, is_causal=True,
+                                        causal_align="bottom_right", kv_lens=n)
+        return (out, *torch.autograd.grad(out.sum(), leaves))
+
+    want = run(torch.tensor(lens, device=device))
+    for n in (torch.tensor(lens, dtype=torch.int32, device=device), spread[::3],
+              spread.to(torch.int32)[1::3]):
+        for got, w in zip(run(n), want):
+            assert torch.equal(got, w)
+
+
 def test_kv_lens_gradients(device):
     B, H, S = 3, 2, 90
     lens = torch.tensor([90, 33, 0], device=device)

@@ -43,7 +43,11 @@ struct BlockSparseAttentionArgs {
   // the row's.
   bool causal = false;
   bool bottom_right = false;
-  const int64_t* kv_lens = nullptr;  // [batch]
+  // [batch] at kv_lens_stride elements, int32 or int64 as the caller gave
+  // them: a decode step reads the lengths in place, with no conversion.
+  const void* kv_lens = nullptr;
+  int64_t kv_lens_stride = 1;
+  bool kv_lens_int32 = false;
   int64_t window_left = kUnboundedWindow, window_right = kUnboundedWindow;
   const int64_t* q_documents = nullptr;   // [1 or batch, q_len]
   const int64_t* kv_documents = nullptr;  // [1 or batch, k_len]
@@ -220,7 +224,9 @@ BARACUDA_HOST_DEVICE inline int element_tests(const BlockSparseAttentionArgs& a)
 // The keys batch b sees: kv_lens[b] clamped to [0, k_len], else k_len.
 BARACUDA_HOST_DEVICE inline int64_t keys_of(const BlockSparseAttentionArgs& a, int64_t b) {
   if (a.kv_lens == nullptr) return a.k_len;
-  const int64_t n = a.kv_lens[b];
+  const int64_t i = b * a.kv_lens_stride;
+  const int64_t n = a.kv_lens_int32 ? int64_t{static_cast<const int32_t*>(a.kv_lens)[i]}
+                                    : static_cast<const int64_t*>(a.kv_lens)[i];
   return n < 0 ? 0 : (n < a.k_len ? n : a.k_len);
 }
 

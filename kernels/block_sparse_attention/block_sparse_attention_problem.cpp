@@ -150,14 +150,16 @@ AttentionProblem validate_attention(const char* op, const at::Tensor& q, const a
                 " but q is on ", q.device());
     TORCH_CHECK(n.dim() == 1 && n.size(0) == B, "baracuda::", op, ": kv_lens.shape=", n.sizes(),
                 " must be [", B, "] (one length per batch row)");
-    p.kv_lens = n.to(at::kLong).contiguous();
-    if (p.kv_lens.is_cpu() && B > 0) {
+    p.kv_lens = n;
+    if (n.is_cpu() && B > 0) {
       // Host lengths are checked; device ones are clamped to [0, S_max] by
       // the kernels (checking them would cost a host sync per call).
-      const int64_t* len = p.kv_lens.const_data_ptr<int64_t>();
+      const at::Tensor len = n.to(at::kLong);
+      const int64_t* l = len.const_data_ptr<int64_t>();
       for (int64_t b = 0; b < B; ++b) {
-        TORCH_CHECK(len[b] >= 0 && len[b] <= k.size(2), "baracuda::", op, ": kv_lens[", b,
-                    "]=", len[b], " must be in [0, ", k.size(2), "] (the cache's length)");
+        const int64_t lb = l[b * len.stride(0)];
+        TORCH_CHECK(lb >= 0 && lb <= k.size(2), "baracuda::", op, ": kv_lens[", b, "]=", lb,
+                    " must be in [0, ", k.size(2), "] (the cache's length)");
       }
     }
   }
@@ -198,7 +200,11 @@ BlockSparseAttentionArgs attention_args(const AttentionProblem& p, const at::Ten
   a.scale = p.scale;
   a.causal = p.causal;
   a.bottom_right = p.bottom_right;
-  a.kv_lens = p.kv_lens.defined() ? p.kv_lens.const_data_ptr<int64_t>() : nullptr;
+  if (p.kv_lens.defined()) {
+    a.kv_lens = p.kv_lens.const_data_ptr();
+    a.kv_lens_stride = p.kv_lens.stride(0);
+    a.kv_lens_int32 = p.kv_lens.scalar_type() == at::kInt;
+  }
   a.window_left = p.window_left;
   a.window_right = p.window_right;
   if (p.q_documents.defined()) {

@@ -40,7 +40,7 @@ struct AttentionProblem {
   int64_t window_left = kUnboundedWindow, window_right = kUnboundedWindow;
   at::Tensor q_documents, kv_documents;  // int64, contiguous rows; undefined without ids
   at::Tensor partial_index, partial_bits;  // an exact mask's; undefined without
-  at::Tensor kv_lens;                      // int64 [batch]; undefined without
+  at::Tensor kv_lens;                      // int32 or int64 [batch]; undefined without
 };
 
 // Checks a call's arguments; `op` names the op in error messages.
