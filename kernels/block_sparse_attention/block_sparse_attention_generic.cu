@@ -111,22 +111,27 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32)
     };
     // The walk is the same for every lane of the warp (one row), so its
     // branches are uniform and warp_sum sees all 32 lanes. With the split,
-    // every warp walks the row and keeps its own turns of kGroup keys
-    // (counted, not divided: the walk's cost per key is what the split saves).
-    int turn = 0, in_turn = 0;
-    for_each_visible_key(a, b, h, i, [&](int64_t j) {
-      const bool mine = turn == my_turn;
-      if (++in_turn == kGroup) {
-        in_turn = 0;
-        turn = turn + 1 == turns ? 0 : turn + 1;
-      }
-      if (!mine) return;
-      // keys[pending] = j, with constant indices: the group stays in registers.
+    // the row's visible keys, numbered in order, go in turns of kGroup: warp
+    // w keeps those at positions p with (p / kGroup) % kWarpsPerCta == w,
+    // stepping from one of its groups to the next inside each run of keys
+    // (so that no warp spends time on the keys of the others).
+    int64_t seen = 0;  // visible keys before the current run
+    for_each_visible_run(a, b, h, i, [&](int64_t j_begin, int64_t j_end) {
+      const int64_t run_end = seen + (j_end - j_begin);
+      const int64_t g = seen / kGroup;
+      const int ahead =
+          split ? (my_turn - static_cast<int>(g % kWarpsPerCta) + kWarpsPerCta) % kWarpsPerCta : 0;
+      for (int64_t p = ahead == 0 ? seen : (g + ahead) * kGroup; p < run_end;) {
+        const int64_t j = j_begin + (p - seen);
+        // keys[pending] = j, with constant indices: the group stays in registers.
 #pragma unroll
-      for (int u = 0; u < kGroup; ++u) {
-        if (u == pending) keys[u] = j;
+        for (int u = 0; u < kGroup; ++u) {
+          if (u == pending) keys[u] = j;
+        }
+        if (++pending == kGroup) run_group();
+        if (++p % kGroup == 0) p += (turns - 1) * kGroup;
       }
-      if (++pending == kGroup) run_group();
+      seen = run_end;
     });
     if (pending > 0) run_group();
     if (split) {

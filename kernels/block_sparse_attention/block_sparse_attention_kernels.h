@@ -340,23 +340,45 @@ BARACUDA_HOST_DEVICE inline bool key_block_on(const BlockSparseAttentionArgs& a,
   return row[kb * a.mask_strides[3]] != 0;
 }
 
-// Calls fn(j) for every key j visible to query row i of head h in batch b,
-// in increasing order: the keys of its mask row's blocks that are on, inside
-// its position range, that element_visible keeps.
+// Calls fn(j_begin, j_end) for runs of keys [j_begin, j_end) that together
+// are the keys visible to query row i of head h in batch b, in increasing
+// order: the keys of its mask row's blocks that are on, inside its position
+// range, that element_visible keeps. Without per-element tests a run is a
+// block's whole share of the range, so a walker that skips keys (the split
+// warps of the generic kernel) does not test them one by one.
 template <typename Fn>
-BARACUDA_HOST_DEVICE inline void for_each_visible_key(const BlockSparseAttentionArgs& a, int64_t b,
-                                                      int64_t h, int64_t i, Fn&& fn) {
+BARACUDA_HOST_DEVICE inline void for_each_visible_run(const BlockSparseAttentionArgs& a,
+                                                      int64_t b, int64_t h, int64_t i, Fn&& fn) {
   const uint8_t* row = mask_row(a, b, h, i / a.block_q);
+  const bool per_element = element_tests(a) != kTestsNone;
   int64_t lo, hi;
   visible_key_range(a, b, i, lo, hi);
   for (int64_t kb = lo / a.block_k; kb * a.block_k < hi; ++kb) {
     if (!key_block_on(a, row, kb)) continue;
     const int64_t j_begin = lo > kb * a.block_k ? lo : kb * a.block_k;
     const int64_t j_end = hi < (kb + 1) * a.block_k ? hi : (kb + 1) * a.block_k;
-    for (int64_t j = j_begin; j < j_end; ++j) {
-      if (element_visible(a, b, h, i, j)) fn(j);
+    if (!per_element) {
+      fn(j_begin, j_end);
+      continue;
     }
+    int64_t run = j_begin;  // the first key of the run being gathered
+    for (int64_t j = j_begin; j < j_end; ++j) {
+      if (element_visible(a, b, h, i, j)) continue;
+      if (j > run) fn(run, j);
+      run = j + 1;
+    }
+    if (j_end > run) fn(run, j_end);
   }
+}
+
+// Calls fn(j) for every key j visible to query row i of head h in batch b,
+// in increasing order (for_each_visible_run's keys, one at a time).
+template <typename Fn>
+BARACUDA_HOST_DEVICE inline void for_each_visible_key(const BlockSparseAttentionArgs& a, int64_t b,
+                                                      int64_t h, int64_t i, Fn&& fn) {
+  for_each_visible_run(a, b, h, i, [&](int64_t j_begin, int64_t j_end) {
+    for (int64_t j = j_begin; j < j_end; ++j) fn(j);
+  });
 }
 
 }  // namespace baracuda
