@@ -1,8 +1,8 @@
 // CUDA engine of the scan family: the functors of scan_ops.h run over one of
-// five paths (scan_plan.h). Every path combines in a fixed order that does
+// the paths of scan_plan.h. Every path combines in a fixed order that does
 // not depend on timing, so results are bit-identical run to run. The only
-// atomics are the tile tickets and ready flags of long_rows and column_tiles:
-// they order the work, never a value.
+// atomics are the tile tickets and ready flags of long_rows, strip_tiles and
+// column_tiles: they order the work, never a value.
 //
 // Included only by the parts of the CUDA scans (scan_cuda_parts.h), each of
 // which instantiates scan_cuda for one storage type and direction. The

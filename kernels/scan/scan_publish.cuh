@@ -1,7 +1,8 @@
-// Cross-block hand-off of the ticketed scan paths (long_rows, column_tiles):
-// tickets that order the tiles, and states published behind ready flags and
-// read back from L2 -- column_tiles a block's worth of states behind one
-// flag, long_rows one state at a time in flagged words. No torch headers.
+// Cross-block hand-off of the ticketed scan paths (long_rows, strip_tiles,
+// column_tiles): tickets that order the tiles, and states published behind
+// ready flags and read back from L2 -- the tile paths a block's worth of
+// states behind one flag, long_rows one state at a time in flagged words.
+// No torch headers.
 #pragma once
 
 #include <cub/warp/warp_scan.cuh>
