@@ -233,7 +233,7 @@ __device__ inline void produce(const QueryOperands<kQOperands>& query, const CUt
     const QueryTile qt = query_tile(a, item, q_tiles, M);
     const int kh = coordinate(qt.kv_head, a.k_strides[1]), kb = coordinate(qt.b, a.k_strides[0]);
     const int vh = coordinate(qt.kv_head, a.v_strides[1]), vb = coordinate(qt.b, a.v_strides[0]);
-    const KeyTileWalk walk(a, qt, N);
+    KeyTileWalk walk(a, qt, N);
     // One ring entry: key tile `tile`, flagged when it is the item's last.
     auto push_tile = [&](int tile, bool last) {
       const int stage = next_stage();

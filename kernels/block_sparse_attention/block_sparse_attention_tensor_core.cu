@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(M / 16 * 32)
   const int g = lane >> 2, t4 = lane & 3;
 
   const QueryTile qtile = query_tile(a, blockIdx.x, q_tiles, M);
-  const KeyTileWalk walk(a, qtile, kKeyTile);
+  KeyTileWalk walk(a, qtile, kKeyTile);
   const int64_t b = qtile.b, h = qtile.h, kvh = qtile.kv_head, q0 = qtile.q0;
   const int n_tiles = walk.n_tiles;
 

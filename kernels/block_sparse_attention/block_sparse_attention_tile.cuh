@@ -71,34 +71,24 @@ __device__ inline QueryTile query_tile(const BlockSparseAttentionArgs& a, int64_
   return t;
 }
 
-// The first block i in [begin, end) whose mask byte base[i * stride] is on,
-// or end. A sparse mask makes the forward's producer skip many off blocks
-// for each block it finds; kProbe independent loads per round cost about
-// one load's latency, where one dependent load per block paid every one.
-template <int kProbe = 8, typename Index>
-__device__ inline Index first_block_on(const uint8_t* base, int64_t stride, Index begin, Index end) {
-  for (Index i = begin; i < end; i += kProbe) {
-    uint8_t on[kProbe];
-#pragma unroll
-    for (int p = 0; p < kProbe; ++p) on[p] = i + p < end ? base[(i + p) * stride] : 0;
-#pragma unroll
-    for (int p = 0; p < kProbe; ++p) {
-      if (on[p] != 0) return i + p;
-    }
-  }
-  return end;
-}
-
 // The key tiles (`tile_keys` keys each, a divisor of block_k) a query tile
 // visits: those of mask blocks that are on, inside the keys its rows may see
 // by position (and its split's). Every thread reads the same mask bytes, so
 // the walk is uniform. Tile indices are 32-bit (the kernels address keys
-// with 32-bit coordinates), which keeps the division per mask probe cheap:
-// a sparse mask makes a producer probe many blocks per tile it finds.
+// with 32-bit coordinates), which keeps the block arithmetic cheap.
+//
+// A sparse mask makes the walker (the forward's producer thread) skip many
+// off blocks for each block it finds, and a dependent load per block paid a
+// memory latency each. So the walk reads the mask row a window at a time,
+// as a bitmap of up to 32 blocks: two 16-byte loads where the row is
+// contiguous, eight independent byte loads where it is not, and then finds
+// on blocks with bit scans.
 struct KeyTileWalk {
   const BlockSparseAttentionArgs& a;
   const uint8_t* mask_row;
-  int first_tile, n_tiles, tiles_per_block;
+  int first_tile, n_tiles, tiles_per_block, blocks_end;
+  int window_first = 0, window_end = 0;  // blocks the bitmap covers
+  uint32_t window_bits = 0;              // bit i: block window_first + i is on
 
   __device__ KeyTileWalk(const BlockSparseAttentionArgs& args, const QueryTile& t, int tile_keys)
       : a(args),
@@ -114,19 +104,64 @@ struct KeyTileWalk {
     const int first = static_cast<int>(lo), end = static_cast<int>(hi);
     first_tile = first / tile_keys;
     n_tiles = end > first ? (end + tile_keys - 1) / tile_keys : first_tile;
+    blocks_end = (n_tiles + tiles_per_block - 1) / tiles_per_block;
   }
 
   // First tile at or after `t` whose mask block is on (n_tiles if none).
-  __device__ int next(int t) const {
+  // Calls must ask for non-decreasing `t`.
+  __device__ int next(int t) {
     if (t < first_tile) t = first_tile;
     if (t >= n_tiles) return n_tiles;
-    // The tile's own block first, alone: on a dense mask it is on.
     const int kb = t / tiles_per_block;
-    if (key_block_on(a, mask_row, kb)) return t;
-    const int blocks_end = (n_tiles + tiles_per_block - 1) / tiles_per_block;
-    const int on = first_block_on(mask_row, a.mask_strides[3], kb + 1, blocks_end);
-    return on == blocks_end ? n_tiles : on * tiles_per_block;
+    for (int b = kb; b < blocks_end; b = window_end) {
+      if (b < window_first || b >= window_end) load_window(b);
+      const uint32_t bits = window_bits >> (b - window_first);
+      if (bits != 0) {
+        const int on = b + __ffs(bits) - 1;
+        return on == kb ? t : on * tiles_per_block;
+      }
+    }
+    return n_tiles;
   }
+
+  // The bitmap of blocks [b, window_end): from b (and perhaps a few blocks
+  // before it, whose bits are cleared) to at most blocks_end.
+  __device__ void load_window(int b) {
+    const int64_t stride = a.mask_strides[3];
+    if (stride == 1) {
+      // Two aligned 16-byte chunks from the one holding block b; a chunk
+      // holding one of the row's bytes lies inside the mask's allocation.
+      const uintptr_t at = reinterpret_cast<uintptr_t>(mask_row + b);
+      const uintptr_t base = at & ~uintptr_t{15};
+      window_first = b - static_cast<int>(at - base);
+      window_end = min(window_first + 32, blocks_end);
+      const uint4 lo = *reinterpret_cast<const uint4*>(base);
+      uint4 hi = make_uint4(0, 0, 0, 0);
+      if (window_first + 16 < window_end) hi = *reinterpret_cast<const uint4*>(base + 16);
+      const uint32_t words[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+      uint32_t bits = 0;
+#pragma unroll
+      for (int w = 0; w < 8; ++w) bits |= nonzero_bytes(words[w]) << (4 * w);
+      window_bits = bits & (~0u << (b - window_first)) & low_bits(window_end - window_first);
+    } else {
+      window_first = b;
+      window_end = min(b + 8, blocks_end);
+      uint32_t bits = 0;
+#pragma unroll
+      for (int p = 0; p < 8; ++p) {
+        const bool on = b + p < window_end && mask_row[(b + p) * stride] != 0;
+        bits |= static_cast<uint32_t>(on) << p;
+      }
+      window_bits = bits;
+    }
+  }
+
+  // Bit i set where byte i of `word` is nonzero.
+  __device__ static uint32_t nonzero_bytes(uint32_t word) {
+    const uint32_t ones = __vcmpne4(word, 0u) & 0x01010101u;
+    return (ones * 0x01020408u) >> 24;
+  }
+  __device__ static uint32_t low_bits(int n) { return n >= 32 ? ~0u : (1u << n) - 1u; }
 };
 
 // The keys [lo, hi) that a lane's rows row_g (r = 0) and row_g + 8 (r = 1)
