@@ -41,8 +41,9 @@ namespace {
 // walk over the item's key tiles, then its epilogue. The MMAs of consecutive
 // tiles overlap the softmax: P V of tile i - 1 runs on the tensor cores while
 // the exponentials of tile i are computed. (Making the two warpgroups also
-// take turns issuing MMAs measured no faster.) The ring position `it` runs
-// on across items, as the producer's does.
+// take turns issuing MMAs, ping-pong, gained at most 6 % and lost at D 128:
+// see the design notes.) The ring position `it` runs on across items, as
+// the producer's does.
 template <typename T, int D, int kConsumers, int N, int STAGES, int kTests>
 __device__ inline void consume(const BlockSparseAttentionArgs& a, int64_t q_tiles,
                                const Ring<T>& ring, int warp, int lane) {
