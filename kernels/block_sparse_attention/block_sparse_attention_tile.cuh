@@ -127,8 +127,7 @@ struct KeyTileWalk {
   // The bitmap of blocks [b, window_end): from b (and perhaps a few blocks
   // before it, whose bits are cleared) to at most blocks_end.
   __device__ void load_window(int b) {
-    const int64_t stride = a.mask_strides[3];
-    if (stride == 1) {
+    if (a.mask_strides[3] == 1) {
       // Two aligned 16-byte chunks from the one holding block b; a chunk
       // holding one of the row's bytes lies inside the mask's allocation.
       const uintptr_t at = reinterpret_cast<uintptr_t>(mask_row + b);
@@ -149,7 +148,7 @@ struct KeyTileWalk {
       uint32_t bits = 0;
 #pragma unroll
       for (int p = 0; p < 8; ++p) {
-        const bool on = b + p < window_end && mask_row[(b + p) * stride] != 0;
+        const bool on = b + p < window_end && key_block_on(a, mask_row, b + p);
         bits |= static_cast<uint32_t>(on) << p;
       }
       window_bits = bits;
