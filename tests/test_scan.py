@@ -1179,15 +1179,14 @@ def test_staged_long_rows_past_one_round_on_cuda(dtype):
 # logcumsumexp forward on the same long rows: staged, a thread scanning 16
 # (float32) or 32 (two-byte) consecutive positions of a tile as one run, on
 # compute capability 9.0 and up; float64 takes the long_rows kernel. Rows
-# whose bytes are a multiple of 16, with at least a tile for every SM, take
-# swizzled stages instead (a thread's run one 128-byte line: 32 float32 or
-# 64 two-byte positions, in tiles of 8192 and 16384): on an H100,
-# [4, 300000] and [3, 524288] float32, and [2, 2400128] of every type, whose
-# last tiles are short and whose blocks take more than one tile; and
-# [2, 1146888], [1, 2400056] and [200, 8200] (a tile a row) of every type,
-# whose rows end in part of a line (8, 56 and 8 two-byte positions, 8, 24
-# and 8 float32), with a large element in it; the others keep the
-# unswizzled stages. In the
+# of whole 128-byte lines, with at least a tile for every SM, take swizzled
+# stages instead (a thread's run one line: 32 float32 or 64 two-byte
+# positions, in tiles of 8192 and 16384): on an H100, [4, 300000] and
+# [3, 524288] float32, and [2, 2400128] of every type, whose last tiles are
+# short and whose blocks take more than one tile. [2, 1146888],
+# [1, 2400056] and [200, 8200] (a tile a row) of every type end in part of
+# a line (8, 56 and 8 two-byte positions, 8, 24 and 8 float32), with a large
+# element in it, and keep the unswizzled stages, as the others do. In the
 # first row an all -inf prefix spans a tile and a bit, a steep stretch makes
 # later tiles outgrow the carry, one large element makes the run that
 # holds it too wide for its weights (a run scanned join by join), and one
@@ -1669,18 +1668,16 @@ def test_zeroed_workspace_paths_in_cuda_graph(name, shape, dim, path, dtype):
         check(name, x, dim, False)
 
 
-# On CUDA, two-byte logcumsumexp rows a whole number of 4096-element
-# segments long, 2048 segments or more in all, are scanned forward as
-# segments (scan_segments.cuh): each segment's total, a scan of those per
-# row, then the segments as rows of their own from those carries. One row
-# of 2048 segments, and three rows of 1024 (a row's carries must not leak
-# into the next). In the first row an all -inf prefix spans two segments
-# and a bit, and a steep stretch makes later segments outgrow the carry;
-# with three rows, a NaN in the last one turns everything after it NaN
-# (before it, reversed). The rows start 2 bytes past a 16-byte boundary:
+# Misaligned two-byte logcumsumexp long rows, a whole number of 4096-element
+# segments long (they once took a segmented kernel of their own; they now
+# run on long_rows, as the staged kernel needs 16-byte aligned rows). One
+# row of 2048 segments, and three rows of 1024 (one row's carry must not
+# leak into the next). In the first row an all -inf prefix spans two
+# segments and a bit, and a steep stretch makes later segments outgrow the
+# carry; with three rows, a NaN in the last one turns everything after it
+# NaN (before it, reversed). The rows start 2 bytes past a 16-byte boundary:
 # aligned ones take the staged kernel on compute capability 9.0 and up
-# (test_staged_logcumsumexp_long_rows_on_cuda). The gradients take
-# long_rows.
+# (test_staged_logcumsumexp_long_rows_on_cuda).
 SEGMENT = 4096
 
 

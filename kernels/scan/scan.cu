@@ -18,6 +18,16 @@ KernelStatus scan_on_device(const Args& args, void* stream) {
   });
 }
 
+template <typename Args>
+ScanKernel kernel_on_device(const Args& args) {
+  ScanKernel kernel = ScanKernel::kNone;
+  dispatch_float_dtype<__half, __nv_bfloat16>(args.dtype, [&](auto storage) {
+    kernel = scan::scan_kernel_cuda<decltype(storage)>(args);
+    return KernelStatus::ok();
+  });
+  return kernel;
+}
+
 }  // namespace
 
 KernelStatus scan_forward_cuda(const ScanForwardArgs& args, void* stream) {
@@ -25,6 +35,12 @@ KernelStatus scan_forward_cuda(const ScanForwardArgs& args, void* stream) {
 }
 KernelStatus scan_backward_cuda(const ScanBackwardArgs& args, void* stream) {
   return scan_on_device(args, stream);
+}
+ScanKernel scan_forward_kernel_cuda(const ScanForwardArgs& args) {
+  return kernel_on_device(args);
+}
+ScanKernel scan_backward_kernel_cuda(const ScanBackwardArgs& args) {
+  return kernel_on_device(args);
 }
 int scan_standing_marks_left_cuda(void* stream, int64_t marks_left) {
   return set_standing_marks_left(static_cast<cudaStream_t>(stream),

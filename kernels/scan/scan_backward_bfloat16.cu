@@ -5,6 +5,7 @@ namespace baracuda {
 namespace scan {
 
 template KernelStatus scan_cuda<__nv_bfloat16>(const ScanBackwardArgs&, void*);
+template ScanKernel scan_kernel_cuda<__nv_bfloat16>(const ScanBackwardArgs&);
 
 }  // namespace scan
 }  // namespace baracuda

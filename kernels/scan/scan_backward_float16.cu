@@ -5,6 +5,7 @@ namespace baracuda {
 namespace scan {
 
 template KernelStatus scan_cuda<__half>(const ScanBackwardArgs&, void*);
+template ScanKernel scan_kernel_cuda<__half>(const ScanBackwardArgs&);
 
 }  // namespace scan
 }  // namespace baracuda

@@ -5,6 +5,7 @@ namespace baracuda {
 namespace scan {
 
 template KernelStatus scan_cuda<double>(const ScanBackwardArgs&, void*);
+template ScanKernel scan_kernel_cuda<double>(const ScanBackwardArgs&);
 
 }  // namespace scan
 }  // namespace baracuda

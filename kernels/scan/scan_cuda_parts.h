@@ -6,6 +6,7 @@
 
 #include "common/status.h"
 #include "scan/scan_kernels.h"
+#include "scan/scan_plan.h"
 
 namespace baracuda {
 namespace scan {
@@ -14,6 +15,11 @@ namespace scan {
 // storage type T, on `stream` (a cudaStream_t).
 template <typename T, typename Args>
 KernelStatus scan_cuda(const Args& args, void* stream);
+
+// The kernel scan_cuda would launch for `args` on the current device (its
+// pointers are read for their alignment only).
+template <typename T, typename Args>
+ScanKernel scan_kernel_cuda(const Args& args);
 
 }  // namespace scan
 }  // namespace baracuda

@@ -5,6 +5,7 @@ namespace baracuda {
 namespace scan {
 
 template KernelStatus scan_cuda<__nv_bfloat16>(const ScanForwardArgs&, void*);
+template ScanKernel scan_kernel_cuda<__nv_bfloat16>(const ScanForwardArgs&);
 
 }  // namespace scan
 }  // namespace baracuda

@@ -5,6 +5,7 @@ namespace baracuda {
 namespace scan {
 
 template KernelStatus scan_cuda<float>(const ScanForwardArgs&, void*);
+template ScanKernel scan_kernel_cuda<float>(const ScanForwardArgs&);
 
 }  // namespace scan
 }  // namespace baracuda

@@ -80,6 +80,12 @@ struct ScanBackwardArgs {
 KernelStatus scan_forward_cuda(const ScanForwardArgs& args, void* stream);
 KernelStatus scan_backward_cuda(const ScanBackwardArgs& args, void* stream);
 
+// The kernel those would launch on the current device (scan_plan.h's
+// ScanKernel); the arguments' pointers are read for their alignment only.
+enum class ScanKernel : int;
+ScanKernel scan_forward_kernel_cuda(const ScanForwardArgs& args);
+ScanKernel scan_backward_kernel_cuda(const ScanBackwardArgs& args);
+
 // Leaves `marks_left` (below 2^32 - 1) fresh marks to each standing slots
 // buffer `stream` has on the current device, for tests of the marks' wrap
 // (common/standing_slots.h); returns how many buffers it found.

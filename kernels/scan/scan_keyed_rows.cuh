@@ -295,45 +295,47 @@ __global__ void __launch_bounds__(kScanBlock)
   }
 }
 
-// Launches the keyed long rows where they apply: cummax / cummin backward,
-// dy, indices and dx 16-byte aligned and every row starting so. Returns
-// false, launching nothing, where they do not.
+// Whether the keyed long rows take an op's rows: cummax / cummin backward,
+// dy, indices and dx 16-byte aligned and every row starting so (a row of a
+// multiple of 8 elements spans whole vectors of keys and of any float type).
 template <typename Op>
-bool launch_keyed_rows(const Op& op, const ScanShape& s, bool reverse,
-                       const ScanWorkspace& workspace, cudaStream_t stream, KernelStatus& st) {
+bool keyed_rows_fit(const Op& op, const ScanShape& s) {
+  if constexpr (IsExtremeBackward<Op>::value) {
+    return arrays_aligned16<true>(op, 0) && (s.outer == 1 || s.len % 8 == 0);
+  } else {
+    (void)op, (void)s;
+    return false;
+  }
+}
+
+template <typename Op>
+KernelStatus launch_keyed_rows(const Op& op, const ScanShape& s, bool reverse,
+                               const ScanWorkspace& workspace, cudaStream_t stream) {
   if constexpr (IsExtremeBackward<Op>::value) {
     static_assert(sizeof(KeyedRecordOf<Op>) <= kFlaggedSlotBytes,
                   "a record fits the long_rows slot of a tile of kTileLen");
-    // A row of a multiple of 8 elements spans whole vectors of keys and of
-    // any float type.
-    if (!arrays_aligned16<true>(op, 0) || (s.outer > 1 && s.len % 8 != 0)) {
-      return false;
-    }
     const int64_t tiles = ceil_div(s.len, kKeyedTileLen);
+    KernelStatus st = KernelStatus::ok();
     void* words = nullptr;
-    if (!workspace.take(words, st)) return true;
+    if (!workspace.take(words, st)) return st;
     auto* records = static_cast<KeyedRecordOf<Op>*>(words);
     const auto launch_both = [&](auto tiles_kernel, auto fixup_kernel) {
       const unsigned grid = static_cast<unsigned>(s.outer * tiles);
       tiles_kernel<<<grid, kScanBlock, 0, stream>>>(op, s.len, tiles, records);
-      st = launch_status();
-      if (!st.is_ok()) return;
+      KernelStatus launched = launch_status();
+      if (!launched.is_ok()) return launched;
       // Programmatic: the fix-up is resident by the time the tiles finish.
       const bool programmatic =
           kernel_compiled_for_sm90(tiles_kernel) && kernel_compiled_for_sm90(fixup_kernel);
-      st = launch_kernel(fixup_kernel, dim3(static_cast<unsigned>(s.outer)), dim3(kScanBlock), 0,
-                         stream, programmatic, op, s.len, tiles,
-                         static_cast<const KeyedRecordOf<Op>*>(records));
+      return launch_kernel(fixup_kernel, dim3(static_cast<unsigned>(s.outer)), dim3(kScanBlock),
+                           0, stream, programmatic, op, s.len, tiles,
+                           static_cast<const KeyedRecordOf<Op>*>(records));
     };
-    if (reverse) {
-      launch_both(keyed_tiles_kernel<Op, true>, keyed_fixup_kernel<Op, true>);
-    } else {
-      launch_both(keyed_tiles_kernel<Op, false>, keyed_fixup_kernel<Op, false>);
-    }
-    return true;
+    return reverse ? launch_both(keyed_tiles_kernel<Op, true>, keyed_fixup_kernel<Op, true>)
+                   : launch_both(keyed_tiles_kernel<Op, false>, keyed_fixup_kernel<Op, false>);
   } else {
-    (void)op, (void)s, (void)reverse, (void)workspace, (void)stream, (void)st;
-    return false;
+    (void)op, (void)s, (void)reverse, (void)workspace, (void)stream;
+    return KernelStatus::invalid("scan: no keyed rows for this op");
   }
 }
 

@@ -30,7 +30,6 @@
 #include "scan/scan_plan.h"
 #include "scan/scan_publish.cuh"
 #include "scan/scan_row_groups.cuh"
-#include "scan/scan_segments.cuh"
 #include "scan/scan_staged_cumprod_grad.cuh"
 #include "scan/scan_staged_extremes.cuh"
 #include "scan/scan_staged_logcumsumexp_grad.cuh"
@@ -76,7 +75,7 @@ constexpr int kRowsBlocksPerSm =
 
 template <typename Op>
 __global__ void __launch_bounds__(kScanBlock, kRowsBlocksPerSm<Op>)
-    rows_kernel(Op op, int64_t outer, int64_t len, bool reverse, RowCarries<TotalOf<Op>> carries) {
+    rows_kernel(Op op, int64_t outer, int64_t len, bool reverse) {
   using State = StateOf<Op>;
   using Total = TotalOf<Op>;
   const TotalsOf<Op> totals = totals_of(op);
@@ -84,7 +83,7 @@ __global__ void __launch_bounds__(kScanBlock, kRowsBlocksPerSm<Op>)
   for (int64_t row = blockIdx.x; row < outer; row += gridDim.x) {
     const Line line{row * len, 1, len, reverse};
     // `carry` (the same in every thread) chains the chunks of the row.
-    Total carry = row_start<Op>(carries, row, totals.identity());
+    Total carry = totals.identity();
     if constexpr (kMayGoDirect<Op>) {
       if (whole_runs_fit<kScanItems>(op, line)) {
         // Direct runs hold a thread's 16 bytes in 8 registers: the next
@@ -233,21 +232,13 @@ struct MarkedLongRowsSlots {
   uint64_t mark;
 };
 
-// The mark long_rows reads its slots by: compared whole for float64
-// cummax / cummin forward, which ran 21-25 % slower on the other kind
-// (scan_publish.cuh's WholeMark).
-template <typename Op>
-using LongRowsMarkOf =
-    std::conditional_t<IsExtremeForward<Op>::value && sizeof(typename Op::Storage) == 8,
-                       WholeMark, uint64_t>;
-
 template <typename Op>
 __global__ void __launch_bounds__(kScanBlock, kLongRowsBlocksPerSm<Op>)
     long_rows_kernel(Op op, int64_t len, bool reverse, int64_t tiles, int64_t groups,
                      MarkedLongRowsSlots<TotalOf<Op>> slots) {
   using Total = TotalOf<Op>;
   const LongRowsSlots<Total>& ws = slots.at;
-  const LongRowsMarkOf<Op> mark{slots.mark};
+  const uint64_t mark = slots.mark;
   constexpr int kChunks = kLongChunks<Op>;
   const TotalsOf<Op> totals = totals_of(op);
   __shared__ LongRowsShared<Op> shared;
@@ -373,9 +364,7 @@ KernelStatus launch_staged_tiles(const Tiles& tiles_of, int64_t rows,
 
 // [rows][len] elements of T as [rows][lines][128] bytes for the tensor copy
 // engine, a box being `box_lines` lines of one row, with the 128-byte
-// swizzle: each row's whole lines from `base` on (the first row's start, or
-// a multiple of 16 bytes into it), a part-line after them left out. Needs
-// `base` and the rows' bytes multiples of 16, and a whole line a row.
+// swizzle. Needs `base` 16-byte aligned and the rows whole lines.
 template <typename T>
 bool encode_swizzled_rows(CUtensorMap* map, const void* base, int64_t len, int64_t rows,
                           int box_lines) {
@@ -407,173 +396,151 @@ inline int64_t block_shared_limit() {
   });
 }
 
-// Swizzled tiles (Forward and Backward: the two scan directions) where the
-// rows are whole 128-byte lines (or, where the tiles take part-lines,
-// multiples of 16 bytes, a line at least), the driver describes them (encode_maps:
-// fills the tiles' Maps, false where it cannot), there are tiles for at
-// least one block an SM, and the device lets a block hold its stages
-// (about 100 KiB: compute capability 9.0 parts give a block 227, some
-// others about 100); false, launching nothing, elsewhere. The caller has
-// checked the rest of the staged rows' conditions. Fewer, larger tiles
-// leave SMs idle: H100, launcher timer, logcumsumexp forward, bfloat16
-// [1, 1M] (64 tiles) took 12.2 us against 10.8 on the unswizzled tiles,
-// [1, 4M] (256) 18.0 against 20.4.
-template <typename Forward, typename Backward, typename Op, typename EncodeMaps>
-bool launch_swizzled_tiles(const Op& op, const ScanShape& s, bool reverse, bool part_lines,
-                           const ScanWorkspace& workspace, cudaStream_t stream, KernelStatus& st,
-                           EncodeMaps&& encode_maps) {
-  using T = typename Op::Storage;
-  const int64_t row_bytes = s.len * int64_t{sizeof(T)};
-  if (part_lines ? row_bytes % 16 != 0 || row_bytes < kSwizzleLineBytes
-                 : row_bytes % kSwizzleLineBytes != 0) {
-    return false;
-  }
-  const int64_t tiles = ceil_div(s.len, Forward::kTileLen);
-  if (s.outer * tiles < multiprocessors()) return false;
-  if (block_shared_limit() < staged_block_shared_bytes<Forward>(staged_early_reads<Forward>())) {
-    return false;
-  }
-  typename Forward::Maps maps;
-  if (!encode_maps(maps)) return false;
-  st = reverse ? launch_staged_tiles(Backward{op, s.len, tiles}, s.outer, workspace, stream, maps)
-               : launch_staged_tiles(Forward{op, s.len, tiles}, s.outer, workspace, stream, maps);
-  return true;
+// Whether swizzled tiles Forward (of element type T) take the rows of
+// [outer, len]: rows of whole 128-byte lines, tiles for at least one block
+// an SM, a device that lets a block hold their stages (about 100 KiB:
+// compute capability 9.0 parts give a block 227, some others about 100),
+// and a driver that describes tensor maps. The caller has checked the rest
+// of the staged rows' conditions. Fewer, larger tiles leave SMs idle: H100,
+// launcher timer, logcumsumexp forward, bfloat16 [1, 1M] (64 tiles) took
+// 12.2 us against 10.8 on the unswizzled tiles, [1, 4M] (256) 18.0 against
+// 20.4.
+template <typename T, typename Forward>
+bool swizzled_tiles_fit(const ScanShape& s) {
+  if (s.len * int64_t{sizeof(T)} % kSwizzleLineBytes != 0) return false;
+  if (s.outer * ceil_div(s.len, Forward::kTileLen) < multiprocessors()) return false;
+  return block_shared_limit() >= staged_block_shared_bytes<Forward>(staged_early_reads<Forward>()) &&
+         tensor_map_encoder() != nullptr;
 }
+
+// One launch of swizzled tiles (Forward and Backward: the two scan
+// directions), their maps filled by encode_maps.
+template <typename Forward, typename Backward, typename Op, typename EncodeMaps>
+KernelStatus launch_swizzled_tiles(const Op& op, const ScanShape& s, bool reverse,
+                                   const ScanWorkspace& workspace, cudaStream_t stream,
+                                   EncodeMaps&& encode_maps) {
+  const int64_t tiles = ceil_div(s.len, Forward::kTileLen);
+  typename Forward::Maps maps;
+  if (!encode_maps(maps)) {
+    return KernelStatus::invalid("scan: the driver could not describe the rows' tensor maps");
+  }
+  return reverse ? launch_staged_tiles(Backward{op, s.len, tiles}, s.outer, workspace, stream, maps)
+                 : launch_staged_tiles(Forward{op, s.len, tiles}, s.outer, workspace, stream, maps);
+}
+
+// Two-byte logcumsumexp backward's swizzled tiles
+// (StagedSwizzledGradTiles under StagedLogcumsumexpGradTiles).
+template <typename Op, bool kReverse>
+using SwizzledGradTilesOf =
+    StagedLogcumsumexpGradTiles<Op, kReverse, StagedSwizzledGradTiles<Op, kReverse, 1>>;
+
+template <typename Op>
+constexpr bool kSwizzledRunsApply = kStagedRowsApply<Op> && kStagedRuns<Op>;
+template <typename Op>
+constexpr bool kSwizzledGradApply =
+    kStagedLogcumsumexpGradApply<Op> && sizeof(typename Op::Storage) == 2;
 
 // The run layout's staged tiles (logcumsumexp forward) on swizzled stages,
-// StagedSwizzledRunTiles, where launch_swizzled_tiles lets them; rows of
-// whole lines take the tiles compiled without the part-line's code. A
-// reversed scan's maps start past the row's first part-line (where its
-// bytes are not whole lines), so that part-line is the last in scan order.
-template <typename Op, bool kPartLines>
-bool launch_swizzled_runs_of(const Op& op, const ScanShape& s, bool reverse,
-                             const ScanWorkspace& workspace,
-                             cudaStream_t stream, KernelStatus& st) {
-  using T = typename Op::Storage;
-  using Forward = StagedSwizzledRunTiles<Op, false, kPartLines>;
-  const int64_t skip = kPartLines && reverse ? s.len % Forward::kLineElems : 0;
-  return launch_swizzled_tiles<Forward, StagedSwizzledRunTiles<Op, true, kPartLines>>(
-      op, s, reverse, kPartLines, workspace, stream, st, [&](SwizzledRowMaps& maps) {
-        return encode_swizzled_rows<T>(&maps.src, op.src + skip, s.len, s.outer,
-                                       Forward::kLines) &&
-               encode_swizzled_rows<T>(&maps.dst, op.dst + skip, s.len, s.outer,
-                                       Forward::kLines);
-      });
-}
+// StagedSwizzledRunTiles.
 template <typename Op>
-bool launch_swizzled_runs(const Op& op, const ScanShape& s, bool reverse,
-                          const ScanWorkspace& workspace,
-                          cudaStream_t stream, KernelStatus& st) {
-  using T = typename Op::Storage;
-  return s.len * int64_t{sizeof(T)} % kSwizzleLineBytes == 0
-             ? launch_swizzled_runs_of<Op, false>(op, s, reverse, workspace, stream, st)
-             : launch_swizzled_runs_of<Op, true>(op, s, reverse, workspace, stream, st);
+KernelStatus launch_swizzled_runs(const Op& op, const ScanShape& s, bool reverse,
+                                  const ScanWorkspace& workspace, cudaStream_t stream) {
+  if constexpr (kSwizzledRunsApply<Op>) {
+    using T = typename Op::Storage;
+    using Forward = StagedSwizzledRunTiles<Op, false>;
+    return launch_swizzled_tiles<Forward, StagedSwizzledRunTiles<Op, true>>(
+        op, s, reverse, workspace, stream, [&](SwizzledRowMaps& maps) {
+          return encode_swizzled_rows<T>(&maps.src, op.src, s.len, s.outer, Forward::kLines) &&
+                 encode_swizzled_rows<T>(&maps.dst, op.dst, s.len, s.outer, Forward::kLines);
+        });
+  } else {
+    (void)op, (void)s, (void)reverse, (void)workspace, (void)stream;
+    return KernelStatus::invalid("scan: no swizzled runs for this op");
+  }
 }
 
-// Two-byte logcumsumexp backward on swizzled stages
-// (StagedSwizzledGradTiles under StagedLogcumsumexpGradTiles), where
-// launch_swizzled_tiles lets them.
+// Two-byte logcumsumexp backward on swizzled stages.
 template <typename Op>
-bool launch_swizzled_grad(const Op& op, const ScanShape& s, bool reverse,
-                          const ScanWorkspace& workspace,
-                          cudaStream_t stream, KernelStatus& st) {
-  using T = typename Op::Storage;
-  using Forward =
-      StagedLogcumsumexpGradTiles<Op, false, StagedSwizzledGradTiles<Op, false, 1>>;
-  using Backward = StagedLogcumsumexpGradTiles<Op, true, StagedSwizzledGradTiles<Op, true, 1>>;
-  return launch_swizzled_tiles<Forward, Backward>(
-      op, s, reverse, false, workspace, stream, st, [&](SwizzledGradMaps& maps) {
-        // The staged inputs, dy and y, in input order; x is read by the scan.
-        return encode_swizzled_rows<T>(&maps.staged[0], op.dy, s.len, s.outer, Forward::kLines) &&
-               encode_swizzled_rows<T>(&maps.staged[1], op.y, s.len, s.outer, Forward::kLines) &&
-               encode_swizzled_rows<T>(&maps.dx, op.dx, s.len, s.outer, Forward::kLines);
-      });
+KernelStatus launch_swizzled_grad(const Op& op, const ScanShape& s, bool reverse,
+                                  const ScanWorkspace& workspace, cudaStream_t stream) {
+  if constexpr (kSwizzledGradApply<Op>) {
+    using T = typename Op::Storage;
+    using Forward = SwizzledGradTilesOf<Op, false>;
+    return launch_swizzled_tiles<Forward, SwizzledGradTilesOf<Op, true>>(
+        op, s, reverse, workspace, stream, [&](SwizzledGradMaps& maps) {
+          // The staged inputs, dy and y, in input order; x is read by the scan.
+          return encode_swizzled_rows<T>(&maps.staged[0], op.dy, s.len, s.outer,
+                                         Forward::kLines) &&
+                 encode_swizzled_rows<T>(&maps.staged[1], op.y, s.len, s.outer,
+                                         Forward::kLines) &&
+                 encode_swizzled_rows<T>(&maps.dx, op.dx, s.len, s.outer, Forward::kLines);
+        });
+  } else {
+    (void)op, (void)s, (void)reverse, (void)workspace, (void)stream;
+    return KernelStatus::invalid("scan: no swizzled gradient tiles for this op");
+  }
 }
 
-// Launches the staged long rows where they apply: the op (StagedTilesOf),
-// every array and every row starting 16 bytes aligned, the kernel compiled
-// for compute capability 9.0 or more (the bulk copy engine), and so running
-// on such a device. Returns false, launching nothing, where they do not.
+// The staged kernel that takes an op's long rows, or kNone: the op
+// (StagedTilesOf), every array and every row starting 16 bytes aligned, the
+// kernel compiled for compute capability 9.0 or more (the bulk copy
+// engine), and so running on such a device; swizzled stages where those
+// fit.
 template <typename Op>
-bool launch_staged_rows(const Op& op, const ScanShape& s, bool reverse,
-                        const ScanWorkspace& workspace,
-                        cudaStream_t stream, KernelStatus& st) {
+ScanKernel staged_rows_choice(const Op& op, const ScanShape& s, bool reverse) {
   if constexpr (!std::is_void<StagedTilesOf<Op, false>>::value) {
     using T = typename Op::Storage;
-    using Forward = StagedTilesOf<Op, false>;
-    using Backward = StagedTilesOf<Op, true>;
     // Compiled for an older target (and run from its PTX), the kernel's
     // body is compiled out.
-    const bool compiled = reverse ? kernel_compiled_for_sm90(staged_rows_kernel<Backward>)
-                                  : kernel_compiled_for_sm90(staged_rows_kernel<Forward>);
+    const bool compiled =
+        reverse ? kernel_compiled_for_sm90(staged_rows_kernel<StagedTilesOf<Op, true>>)
+                : kernel_compiled_for_sm90(staged_rows_kernel<StagedTilesOf<Op, false>>);
     if (!arrays_aligned16<true>(op, 0) ||
         (s.outer > 1 && s.len * int64_t{sizeof(T)} % 16 != 0) || !compiled) {
-      return false;
+      return ScanKernel::kNone;
     }
-    if constexpr (kStagedRowsApply<Op> && kStagedRuns<Op>) {
-      if (launch_swizzled_runs(op, s, reverse, workspace, stream, st)) return true;
+    if constexpr (kSwizzledRunsApply<Op>) {
+      if (swizzled_tiles_fit<T, StagedSwizzledRunTiles<Op, false>>(s)) {
+        return ScanKernel::kSwizzledRuns;
+      }
     }
-    if constexpr (kStagedLogcumsumexpGradApply<Op> && sizeof(T) == 2) {
-      if (launch_swizzled_grad(op, s, reverse, workspace, stream, st)) return true;
+    if constexpr (kSwizzledGradApply<Op>) {
+      if (swizzled_tiles_fit<T, SwizzledGradTilesOf<Op, false>>(s)) {
+        return ScanKernel::kSwizzledLogcumsumexpGrad;
+      }
     }
-    const int64_t tiles = ceil_div(s.len, Forward::kTileLen);
-    st = reverse ? launch_staged_tiles(Backward{op, s.len, tiles}, s.outer, workspace, stream)
-                 : launch_staged_tiles(Forward{op, s.len, tiles}, s.outer, workspace, stream);
-    return true;
-  }
-  return false;
-}
-
-// Rows of [outer, len], each started from its carry: a warp each where
-// that applies (launch_warp_rows), a block each otherwise.
-template <typename Op>
-KernelStatus launch_rows(const Op& op, const ScanShape& s, bool reverse,
-                         const RowCarries<TotalOf<Op>>& carries, cudaStream_t stream) {
-  KernelStatus st = KernelStatus::ok();
-  if (launch_warp_rows(op, s, reverse, carries, stream, st)) return st;
-  const unsigned grid = static_cast<unsigned>(std::min(s.outer, kMaxBlocks));
-  rows_kernel<<<grid, kScanBlock, 0, stream>>>(op, s.outer, s.len, reverse, carries);
-  return launch_status();
-}
-
-// Launches the segmented long rows (scan_segments.cuh) where they apply:
-// the op (kSegmentedRowsApply), rows a whole number of segments long, and
-// kMinSegments of them or more. Their slots take the front of the long_rows
-// workspace (sized for a flagged 32-byte slot per 2048 elements; a segment
-// is 4096 with a slot of at most 16). Returns false, launching nothing,
-// where they do not.
-template <typename Op>
-bool launch_segmented_rows(const Op& op, const ScanShape& s, bool reverse,
-                           const ScanWorkspace& workspace, int64_t workspace_bytes,
-                           cudaStream_t stream, KernelStatus& st) {
-  if constexpr (kSegmentedRowsApply<Op>) {
-    using Total = TotalOf<Op>;
-    const int64_t segments = s.len / kSegmentLen;
-    const int64_t view_rows = s.outer * segments;
-    if (s.len % kSegmentLen != 0 || view_rows < kMinSegments ||
-        view_rows * int64_t{sizeof(Total)} > workspace_bytes) {
-      return false;
-    }
-    void* words = nullptr;
-    if (!workspace.take(words, st)) return true;
-    Total* slots = static_cast<Total*>(words);
-    const SegmentLayout layout{segments, reverse};
-    const unsigned grid = static_cast<unsigned>(std::min(view_rows, kMaxBlocks));
-    segment_totals_kernel<<<grid, kScanBlock, 0, stream>>>(op, view_rows, layout, slots);
-    st = launch_status();
-    if (!st.is_ok()) return true;
-    segment_carries_kernel<<<static_cast<unsigned>(s.outer), kScanBlock, 0, stream>>>(
-        op, segments, slots);
-    st = launch_status();
-    if (!st.is_ok()) return true;
-    st = launch_rows(op, ScanShape{view_rows, kSegmentLen, 1}, reverse,
-                     RowCarries<Total>{slots, layout}, stream);
-    return true;
+    return kStagedRowsApply<Op>             ? ScanKernel::kStagedRows
+           : kStagedExtremesApply<Op>       ? ScanKernel::kStagedExtremes
+           : kStagedCumprodGradApply<Op>    ? ScanKernel::kStagedCumprodGrad
+                                            : ScanKernel::kStagedLogcumsumexpGrad;
   } else {
-    (void)op, (void)s, (void)reverse, (void)workspace, (void)workspace_bytes, (void)stream,
-        (void)st;
-    return false;
+    (void)op, (void)s, (void)reverse;
+    return ScanKernel::kNone;
   }
+}
+
+// The staged long rows on unswizzled stages (StagedTilesOf).
+template <typename Op>
+KernelStatus launch_staged_rows(const Op& op, const ScanShape& s, bool reverse,
+                                const ScanWorkspace& workspace, cudaStream_t stream) {
+  if constexpr (!std::is_void<StagedTilesOf<Op, false>>::value) {
+    using Forward = StagedTilesOf<Op, false>;
+    using Backward = StagedTilesOf<Op, true>;
+    const int64_t tiles = ceil_div(s.len, Forward::kTileLen);
+    return reverse ? launch_staged_tiles(Backward{op, s.len, tiles}, s.outer, workspace, stream)
+                   : launch_staged_tiles(Forward{op, s.len, tiles}, s.outer, workspace, stream);
+  } else {
+    (void)op, (void)s, (void)reverse, (void)workspace, (void)stream;
+    return KernelStatus::invalid("scan: no staged rows for this op");
+  }
+}
+
+// A block per row of [outer, len].
+template <typename Op>
+KernelStatus launch_rows(const Op& op, const ScanShape& s, bool reverse, cudaStream_t stream) {
+  const unsigned grid = static_cast<unsigned>(std::min(s.outer, kMaxBlocks));
+  rows_kernel<<<grid, kScanBlock, 0, stream>>>(op, s.outer, s.len, reverse);
+  return launch_status();
 }
 
 // ---------------------------------------------------------------- columns path
@@ -752,56 +719,89 @@ struct WidePositions<ValueIndex<Acc, int64_t>> : std::true_type {};
 template <typename Acc>
 struct WidePositions<KeyedSum<Acc, int64_t>> : std::true_type {};
 
+// The kernel that scans `op` over `s` (plan_scan's path, refined by the
+// op, its arrays' alignment, the compiled targets and the device): the one
+// place that chooses, for launch() and for scan_path()'s report.
+template <typename Op>
+ScanKernel choose_kernel(const Op& op, const ScanShape& s, const ScanPlan& plan, bool reverse) {
+  switch (plan.path) {
+    case ScanPath::kEmpty: return ScanKernel::kNone;
+    case ScanPath::kRowGroups:
+      return s.len >= kWarpChunk && warp_rows_fit(op, s) ? ScanKernel::kWarpRows
+                                                         : ScanKernel::kRowGroups;
+    case ScanPath::kRows: return warp_rows_fit(op, s) ? ScanKernel::kWarpRows : ScanKernel::kRows;
+    case ScanPath::kLongRows: {
+      const ScanKernel staged = staged_rows_choice(op, s, reverse);
+      if (staged != ScanKernel::kNone) return staged;
+      return keyed_rows_fit(op, s) ? ScanKernel::kKeyedRows : ScanKernel::kLongRows;
+    }
+    case ScanPath::kColumnStrips:
+      return staged_strips_fit(with_late_runs(op), s) ? ScanKernel::kStagedStrips
+                                                      : ScanKernel::kColumnStrips;
+    case ScanPath::kStripTiles:
+      return long_strip_tiles_fit<Op>(s, plan) ? ScanKernel::kLongStripTiles
+                                               : ScanKernel::kStripTiles;
+    case ScanPath::kColumnTiles: return ScanKernel::kColumnTiles;
+    case ScanPath::kColumns: return ScanKernel::kColumns;
+  }
+  return ScanKernel::kNone;
+}
+
 template <typename Op>
 KernelStatus launch(const Op& op, const ScanShape& s, bool reverse,
                     const ScanWorkspace& workspace, cudaStream_t stream) {
   using State = StateOf<Op>;
   static_assert(sizeof(State) <= kWorkspaceSlotBytes, "scan state larger than a workspace slot");
   const ScanPlan plan = plan_scan(s);
-  switch (plan.path) {
-    case ScanPath::kEmpty: return KernelStatus::ok();
-    case ScanPath::kRowGroups: {
-      if constexpr (WidePositions<State>::value) {
-        return KernelStatus::invalid("scan: row_groups with 64-bit positions");
-      } else {
-        KernelStatus st = KernelStatus::ok();
-        if (s.len >= kWarpChunk && launch_warp_rows(op, s, reverse, {}, stream, st)) return st;
-        return launch_row_groups(op, s, reverse, stream);
-      }
+  const ScanKernel kernel = choose_kernel(op, s, plan, reverse);
+  // Row groups, column tiles and strip tiles never take an axis long enough
+  // for 64-bit positions, and are not compiled for them.
+  if constexpr (WidePositions<State>::value) {
+    if (kernel == ScanKernel::kRowGroups || kernel == ScanKernel::kColumnTiles ||
+        kernel == ScanKernel::kStripTiles || kernel == ScanKernel::kLongStripTiles) {
+      return KernelStatus::invalid("scan: a short-axis kernel with 64-bit positions");
     }
-    case ScanPath::kRows:
-      return launch_rows(op, s, reverse, {}, stream);
-    case ScanPath::kLongRows: {
-      KernelStatus st = KernelStatus::ok();
-      if (launch_staged_rows(op, s, reverse, workspace, stream, st)) return st;
-      if (launch_keyed_rows(op, s, reverse, workspace, stream, st)) return st;
-      if (launch_segmented_rows(op, s, reverse, workspace, plan.workspace_bytes, stream, st)) {
-        return st;
+  }
+  switch (kernel) {
+    case ScanKernel::kNone: return KernelStatus::ok();
+    case ScanKernel::kRowGroups:
+      if constexpr (!WidePositions<State>::value) return launch_row_groups(op, s, reverse, stream);
+      break;
+    case ScanKernel::kWarpRows: return launch_warp_rows(op, s, reverse, stream);
+    case ScanKernel::kRows: return launch_rows(op, s, reverse, stream);
+    case ScanKernel::kLongRows: return launch_long_rows(op, s, reverse, workspace, stream);
+    case ScanKernel::kStagedRows:
+    case ScanKernel::kStagedExtremes:
+    case ScanKernel::kStagedCumprodGrad:
+    case ScanKernel::kStagedLogcumsumexpGrad:
+      return launch_staged_rows(op, s, reverse, workspace, stream);
+    case ScanKernel::kSwizzledRuns: return launch_swizzled_runs(op, s, reverse, workspace, stream);
+    case ScanKernel::kSwizzledLogcumsumexpGrad:
+      return launch_swizzled_grad(op, s, reverse, workspace, stream);
+    case ScanKernel::kKeyedRows: return launch_keyed_rows(op, s, reverse, workspace, stream);
+    case ScanKernel::kColumnStrips:
+      return launch_column_strips(with_late_runs(op), s, plan.strips_per_outer, reverse, stream);
+    case ScanKernel::kStagedStrips:
+      return launch_staged_strips(with_late_runs(op), s, reverse, stream);
+    case ScanKernel::kStripTiles:
+    case ScanKernel::kLongStripTiles:
+      if constexpr (!WidePositions<State>::value) {
+        return launch_strip_tiles(op, s, plan, kernel == ScanKernel::kLongStripTiles, reverse,
+                                  workspace, stream);
       }
-      return launch_long_rows(op, s, reverse, workspace, stream);
-    }
-    case ScanPath::kColumnStrips:
-      return launch_strips(with_late_runs(op), s, plan.strips_per_outer, reverse, stream);
-    case ScanPath::kStripTiles: {
-      if constexpr (WidePositions<State>::value) {
-        return KernelStatus::invalid("scan: strip_tiles with 64-bit positions");
-      } else {
-        return launch_strip_tiles(op, s, plan, reverse, workspace, stream);
-      }
-    }
-    case ScanPath::kColumnTiles: {
-      if constexpr (WidePositions<State>::value) {
-        return KernelStatus::invalid("scan: column_tiles with 64-bit positions");
-      } else {
+      break;
+    case ScanKernel::kColumnTiles:
+      if constexpr (!WidePositions<State>::value) {
         const unsigned grid = static_cast<unsigned>(plan.tiles * plan.column_blocks);
-        const auto kernel = s.outer * s.inner < kFewTileColumns ? column_tiles_kernel<Op, 8>
-                                                                : column_tiles_kernel<Op, 1>;
-        return launch_ticketed_tiles<State>(kernel, dim3(grid), dim3(kColumnBlock), workspace,
-                                            plan.tile_ws, stream, op, s, reverse, plan.tiles,
-                                            plan.groups, plan.column_blocks);
+        const auto tiles_kernel = s.outer * s.inner < kFewTileColumns
+                                      ? column_tiles_kernel<Op, 8>
+                                      : column_tiles_kernel<Op, 1>;
+        return launch_ticketed_tiles<State>(tiles_kernel, dim3(grid), dim3(kColumnBlock),
+                                            workspace, plan.tile_ws, stream, op, s, reverse,
+                                            plan.tiles, plan.groups, plan.column_blocks);
       }
-    }
-    case ScanPath::kColumns: {
+      break;
+    case ScanKernel::kColumns: {
       const int64_t columns = s.outer * s.inner;
       const int64_t seg_len = ceil_div(s.len, plan.segments);
       const dim3 grid(static_cast<unsigned>(ceil_div(columns, kColumnBlock)),
@@ -824,7 +824,7 @@ KernelStatus launch(const Op& op, const ScanShape& s, bool reverse,
       return launch_status();
     }
   }
-  return KernelStatus::invalid("scan: unknown path");
+  return KernelStatus::invalid("scan: unknown kernel");
 }
 
 }  // namespace
@@ -836,6 +836,16 @@ KernelStatus scan_cuda(const Args& args, void* stream) {
   return scan_for<T, AccumulatorOf<T, float>>(args, [&](const auto& op, bool reverse) {
     return launch(op, args.shape, reverse, args.workspace, static_cast<cudaStream_t>(stream));
   });
+}
+
+template <typename T, typename Args>
+ScanKernel scan_kernel_cuda(const Args& args) {
+  ScanKernel kernel = ScanKernel::kNone;
+  scan_for<T, AccumulatorOf<T, float>>(args, [&](const auto& op, bool reverse) {
+    kernel = choose_kernel(op, args.shape, plan_scan(args.shape), reverse);
+    return KernelStatus::ok();
+  });
+  return kernel;
 }
 
 }  // namespace scan

@@ -1,6 +1,9 @@
 // Which CUDA path a scan of a given [outer, len, inner] shape takes, and how
 // much workspace it needs. Host-only and framework-free: the op layer uses it
 // to size the workspace and to report the path; the launcher to launch.
+// Within a path the launcher picks one kernel (ScanKernel below) by the op,
+// the arrays' alignment, the compiled targets and the device, in one place
+// (choose_kernel, scan_launch.cuh), which scan_path(x, dim, kind) reports.
 //
 //   row_groups inner == 1, rows of at most kRowGroupMaxLen: a group of
 //              lanes per row (scan_row_groups.cuh), 2 to 32 of them, each
@@ -38,10 +41,6 @@
 //              and the one element per tile whose run comes in from the
 //              tiles before rewritten by a second kernel, after a scan of
 //              the tiles' totals.
-//              Or, for other two-byte logcumsumexp forward rows of whole
-//              segments, segments enough (scan_segments.cuh: likewise): segment
-//              totals, their scan, then the segments as rows from those
-//              carries.
 //   column_strips  inner > 1 with enough columns for kMinStrips strips, and
 //              at least three in four lanes of a strip with a column: a
 //              block owns kStripWidth consecutive columns of one outer index
@@ -255,6 +254,54 @@ inline ScanPlan plan_scan(const ScanShape& s) {
   p.segments = segments;
   p.workspace_bytes = segments > 1 ? segments * columns * kWorkspaceSlotBytes : 0;
   return p;
+}
+
+// The CUDA kernels a path's scans run on, as the launcher chooses them
+// (scan_launch.cuh's choose_kernel, by op, alignment, compiled targets and
+// device), and as scan_path(x, dim, kind) names them.
+enum class ScanKernel : int {
+  kNone,
+  kRowGroups,                  // row_groups: a group of lanes per row
+  kWarpRows,                   // row_groups, rows: a warp per row (scan_warp_rows.cuh)
+  kRows,                       // rows: a block per row
+  kLongRows,                   // long_rows: tiles in registers, one pass
+  kStagedRows,                 // long_rows: staged tiles of one array (scan_staged_rows.cuh)
+  kSwizzledRuns,               // long_rows: logcumsumexp on swizzled stages
+  kStagedExtremes,             // long_rows: cummax / cummin forward, staged
+  kStagedCumprodGrad,          // long_rows: cumprod backward, staged
+  kStagedLogcumsumexpGrad,     // long_rows: logcumsumexp backward, staged
+  kSwizzledLogcumsumexpGrad,   // long_rows: two-byte logcumsumexp backward, swizzled
+  kKeyedRows,                  // long_rows: cummax / cummin backward, tiles alone
+  kColumnStrips,               // column_strips: loads through registers
+  kStagedStrips,               // column_strips: loads staged by cp.async
+  kStripTiles,                 // strip_tiles: a block per strip step
+  kLongStripTiles,             // strip_tiles: a block per two strip steps
+  kColumnTiles,                // column_tiles
+  kColumns,                    // columns
+};
+
+inline const char* scan_kernel_name(ScanKernel kernel) {
+  switch (kernel) {
+    case ScanKernel::kNone: return "empty";
+    case ScanKernel::kRowGroups: return "row_groups";
+    case ScanKernel::kWarpRows: return "warp_rows";
+    case ScanKernel::kRows: return "rows";
+    case ScanKernel::kLongRows: return "long_rows";
+    case ScanKernel::kStagedRows: return "staged_rows";
+    case ScanKernel::kSwizzledRuns: return "swizzled_runs";
+    case ScanKernel::kStagedExtremes: return "staged_extremes";
+    case ScanKernel::kStagedCumprodGrad: return "staged_cumprod_grad";
+    case ScanKernel::kStagedLogcumsumexpGrad: return "staged_logcumsumexp_grad";
+    case ScanKernel::kSwizzledLogcumsumexpGrad: return "swizzled_logcumsumexp_grad";
+    case ScanKernel::kKeyedRows: return "keyed_rows";
+    case ScanKernel::kColumnStrips: return "column_strips";
+    case ScanKernel::kStagedStrips: return "staged_strips";
+    case ScanKernel::kStripTiles: return "strip_tiles";
+    case ScanKernel::kLongStripTiles: return "long_strip_tiles";
+    case ScanKernel::kColumnTiles: return "column_tiles";
+    case ScanKernel::kColumns: return "columns";
+  }
+  return "?";
 }
 
 inline int64_t scan_workspace_bytes(const ScanShape& s) {

@@ -119,22 +119,6 @@ __device__ inline bool marked_ready(unsigned int lo, unsigned int hi, uint64_t m
   return mark == kZeroedSlotsMark ? lo != 0u : (uint64_t{hi} << 32 | lo) == mark;
 }
 
-// A mark that is always compared whole, for kernels where the test above,
-// with the mark known only at run time, costs a branch in every read that
-// weighs more than the compare it saves: float64 cummax / cummin forward's
-// long_rows ran 21-25 % slower with it (H200, [2, 1048577]: 67.3 us, 54.8
-// compared whole, 56.0 on a zeroed workspace under the constant mark),
-// where float64 logcumsumexp forward ran faster with it (42.3 against 46.2
-// compared whole; benchmarks/RESULTS.md). Every look-back helper below
-// takes either kind of mark.
-struct WholeMark {
-  uint64_t value;
-};
-__device__ inline bool marked_ready(unsigned int lo, unsigned int hi, WholeMark mark) {
-  return (uint64_t{hi} << 32 | lo) == mark.value;
-}
-__device__ inline uint64_t mark_value(uint64_t mark) { return mark; }
-__device__ inline uint64_t mark_value(WholeMark mark) { return mark.value; }
 
 template <typename State>
 __device__ void publish_flagged(FlaggedState<State>* slot, const State& value, uint64_t mark) {
@@ -151,9 +135,9 @@ __device__ void publish_flagged(FlaggedState<State>* slot, const State& value, u
 }
 
 // The state in `out` from a slot's words; true if it is out.
-template <typename State, typename Mark>
+template <typename State>
 __device__ bool unpack_flagged(const uint4 (&words)[FlaggedState<State>::kWords], State& out,
-                               Mark mark) {
+                               uint64_t mark) {
   StateWords<State> v;
   bool ready = true;
 #pragma unroll
@@ -181,8 +165,8 @@ __device__ void load_flagged_words(const FlaggedState<State>* slot, FlaggedState
 }
 
 // One attempt: true, with the state in `out`, if it is out.
-template <typename State, typename Mark>
-__device__ bool try_read_flagged(const FlaggedState<State>* slot, State& out, Mark mark) {
+template <typename State>
+__device__ bool try_read_flagged(const FlaggedState<State>* slot, State& out, uint64_t mark) {
   FlaggedState<State> words;
   load_flagged_words(slot, words);
   return unpack_flagged(words.words, out, mark);
@@ -203,9 +187,9 @@ __device__ void issue_flagged_read(FlaggedState<State>* own, const FlaggedState<
   cp_async_commit();
 }
 
-template <typename State, typename Mark>
+template <typename State>
 __device__ State take_flagged_read(const FlaggedState<State>& copy,
-                                   const FlaggedState<State>* slot, Mark mark) {
+                                   const FlaggedState<State>* slot, uint64_t mark) {
   State out;
   if (unpack_flagged(copy.words, out, mark)) return out;
   while (!try_read_flagged(slot, out, mark)) {
@@ -213,9 +197,9 @@ __device__ State take_flagged_read(const FlaggedState<State>& copy,
   return out;
 }
 
-template <typename State, typename Mark>
+template <typename State>
 __device__ State wait_flagged_read(const FlaggedState<State>* own,
-                                   const FlaggedState<State>* slot, Mark mark) {
+                                   const FlaggedState<State>* slot, uint64_t mark) {
   cp_async_wait<0>();  // the copy issue_flagged_read committed
   return take_flagged_read(*own, slot, mark);
 }
@@ -250,10 +234,10 @@ LongRowsSlots<State> long_rows_slots(void* workspace, int64_t rows, int64_t tile
 // Folds published states [begin, end) in order, kBatch loads in flight at a
 // time (the spin of one does not hold back the loads of the others).
 // fold_published_onto folds them onto `acc`.
-template <typename Op, int kBatch = 2, typename Mark>
+template <typename Op, int kBatch = 2>
 __device__ StateOf<Op> fold_published_onto(const Op& op, StateOf<Op> acc,
                                            const FlaggedState<StateOf<Op>>* slots, int64_t begin,
-                                           int64_t end, Mark mark) {
+                                           int64_t end, uint64_t mark) {
   using State = StateOf<Op>;
   for (int64_t k0 = begin; k0 < end; k0 += kBatch) {
     State v[kBatch];
@@ -277,9 +261,9 @@ __device__ StateOf<Op> fold_published_onto(const Op& op, StateOf<Op> acc,
   return acc;
 }
 
-template <typename Op, int kBatch = 2, typename Mark>
+template <typename Op, int kBatch = 2>
 __device__ StateOf<Op> fold_published(const Op& op, const FlaggedState<StateOf<Op>>* slots,
-                                      int64_t begin, int64_t end, Mark mark) {
+                                      int64_t begin, int64_t end, uint64_t mark) {
   return fold_published_onto<Op, kBatch>(op, op.identity(), slots, begin, end, mark);
 }
 
@@ -305,9 +289,9 @@ __device__ StateOf<Op> fold_warp(const Op& op, const StateOf<Op>& v) {
 
 // The in-order fold of the first `count` tiles of a group (count < 32),
 // warp 0 only: a lane a tile, every lane waiting for its tile's total.
-template <typename Op, typename Mark>
+template <typename Op>
 __device__ StateOf<Op> fold_group_tiles(const Op& op, const FlaggedState<StateOf<Op>>* group_tiles,
-                                        int64_t count, Mark mark) {
+                                        int64_t count, uint64_t mark) {
   static_assert(kGroupTiles == 32, "warp 0 reads a group's tiles, a lane each");
   const int lane = threadIdx.x % 32;
   StateOf<Op> v = op.identity();
@@ -333,10 +317,10 @@ __device__ inline SlotRange earlier_groups_of_thread(int64_t group) {
 
 // The in-order fold of the totals of groups [0, group), warps 1 and up: each
 // lane its run of them, then the warp's lanes in order.
-template <typename Op, typename Mark>
+template <typename Op>
 __device__ StateOf<Op> fold_earlier_groups(const Op& op,
                                            const FlaggedState<StateOf<Op>>* row_groups,
-                                           int64_t group, Mark mark) {
+                                           int64_t group, uint64_t mark) {
   const SlotRange r = earlier_groups_of_thread(group);
   return fold_published(op, row_groups, r.begin, r.end, mark);
 }
@@ -419,11 +403,11 @@ __device__ StateOf<Op> join_prefix_folds(const Op& op, const StateOf<Op>& v) {
 // warps read the earlier groups' totals, each lane a fixed run of them. The
 // warps' folds meet in shared memory behind one barrier and are joined in
 // warp order. The association depends on the tile's position alone.
-template <typename Op, typename Mark>
+template <typename Op>
 __device__ StateOf<Op> tile_prefix(const Op& op, const StateOf<Op>& tile_total,
                                    FlaggedState<StateOf<Op>>* row_tiles,
                                    FlaggedState<StateOf<Op>>* row_groups, int64_t tile,
-                                   int64_t groups, Mark mark) {
+                                   int64_t groups, uint64_t mark) {
   using State = StateOf<Op>;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -431,11 +415,11 @@ __device__ StateOf<Op> tile_prefix(const Op& op, const StateOf<Op>& tile_total,
   const int64_t group_first = group * kGroupTiles;
   State v;
   if (warp == 0) {
-    if (lane == 0) publish_flagged(row_tiles + tile, tile_total, mark_value(mark));
+    if (lane == 0) publish_flagged(row_tiles + tile, tile_total, mark);
     const int64_t earlier = tile - group_first;
     v = fold_group_tiles(op, row_tiles + group_first, earlier, mark);
     if (earlier == kGroupTiles - 1 && group + 1 < groups && lane == 0) {
-      publish_flagged(row_groups + group, op.combine(v, tile_total), mark_value(mark));
+      publish_flagged(row_groups + group, op.combine(v, tile_total), mark);
     }
   } else {
     v = fold_warp(op, fold_earlier_groups(op, row_groups, group, mark));

@@ -225,37 +225,21 @@ struct SwizzledRowMaps {
 // The tiles: StagedPlainTiles' run layout (the same fold, look-back and
 // scan) on swizzled stages of kSwizzledTileBytes. The arrays are seen by
 // the tensor maps as [rows][lines][128] bytes, a tile as a box of its
-// lines. A row's short tile reads lines beyond its elements (past the
-// row, read as zeros, or for a reversed scan of part-lines the next
-// tile's in memory), which no thread reads: a thread whose line is
-// outside the tile has no run (it adds the identity). On rows of whole
-// lines the tiles are laid from the row's start in memory, as the other
-// staged tiles are (place_staged_tile), so the short one is the row's
-// last in memory.
-//
-// With kPartLines, a row whose bytes are not whole lines ends in part of
-// one, which the maps leave out: they hold a row's whole lines, counted
-// from the row's start, or for a reversed scan from its end (the maps
-// start the part-line's bytes into the row, and a reversed row's tiles
-// are counted from its end), so that in either direction the part-line
-// is the last run in scan order of the row's last tile, its only short
-// one. Its thread reads it from memory into its stage, -inf in the rest
-// of the line: those positions come after the row's elements in the
-// run's scan order, so they weigh nothing and a tame run stays tame. A
-// reversed row's last tile starts on line -1, which the copy engine reads
-// as zeros, and its store skips the part-line's positions before the row.
+// lines; the rows are whole lines (launch_swizzled_runs, scan_launch.cuh:
+// other rows take StagedPlainTiles, within 8 % of a part-line variant
+// these tiles once had, on every row of the scan benchmarks). A row's
+// short tile reads lines beyond its elements (past the row, read as
+// zeros), which no thread reads: a thread whose line is outside the tile
+// has no run (it adds the identity). The tiles are laid from the row's
+// start in memory, as the other staged tiles are (place_staged_tile), so
+// the short one is the row's last in memory.
 //
 // Past-row lines were once set to the identity, -inf, for every thread to
 // scan; the runs of -inf took the op's joins, and a row with such a tile
 // took twice as long or more (H100, bfloat16, launcher timer:
 // [1, 16776704], eight lines short of 16M, 79.7 us so and 34.1 now;
 // benchmarks/RESULTS.md).
-//
-// Rows of whole lines take tiles without the part-line's code (kPartLines
-// false; launch_swizzled_runs, scan_launch.cuh): carrying it, though they
-// never ran it, float32 forward rows of whole lines took 0.4-1.2 us longer
-// (H200, launcher timer, [1, 16M] 49.0 -> 50.2; benchmarks/RESULTS.md).
-template <typename Op, bool kReverse, bool kPartLines>
+template <typename Op, bool kReverse>
 struct StagedSwizzledRunTiles {
   using T = typename Op::Storage;
   using Run = SwizzledRun<Op, kReverse>;
@@ -315,34 +299,13 @@ struct StagedSwizzledRunTiles {
   int64_t len, tiles;
 
   __device__ Totals totals() const { return totals_of(op); }
-  // Tiles from the row's start in memory; with kPartLines, a reversed
-  // row's from its end, so that its short tile, and its part-line, come
-  // last in scan order.
+  // Tiles from the row's start in memory.
   __device__ StagedPlace place(int64_t g) const {
-    if constexpr (!kReverse || !kPartLines) {
-      return place_staged_tile<kTileLen, kReverse>(g, len, tiles);
-    } else {
-      StagedPlace p;
-      p.row = static_cast<uint32_t>(g) / static_cast<uint32_t>(tiles);
-      p.tile = g - p.row * tiles;
-      const int64_t end = len - p.tile * kTileLen;  // past the tile's last element
-      const int64_t start = end > kTileLen ? end - kTileLen : 0;
-      p.first = p.row * len + start;
-      p.valid = end - start;
-      return p;
-    }
+    return place_staged_tile<kTileLen, kReverse>(g, len, tiles);
   }
-  // The elements of a row's part-line, 0 where the row is whole lines.
-  __device__ int64_t part_line() const {
-    if constexpr (kPartLines) return len % kLineElems;
-    return 0;
-  }
-  // The tile's first line in its map, the box's second coordinate: -1 for
-  // a reversed row's last tile that starts with a part-line.
+  // The tile's first line in its map, the box's second coordinate.
   __device__ int first_line(const StagedPlace& p) const {
-    int64_t at = p.first - p.row * len;
-    if constexpr (kReverse) at -= part_line();
-    return at < 0 ? -1 : static_cast<int>(at / kLineElems);
+    return static_cast<int>((p.first - p.row * len) / kLineElems);
   }
   // Thread 0: the whole box, lines past the row included (they count as
   // bytes that land, and read as zero).
@@ -371,37 +334,9 @@ struct StagedSwizzledRunTiles {
   }
 
  private:
-  // The tile's lines inside its row, a part-line included.
+  // The tile's lines inside its row.
   __device__ static uint32_t lines_of(const StagedPlace& p) {
     return static_cast<uint32_t>((p.valid + kLineElems - 1) / kLineElems);
-  }
-  // Whether the thread's run is its row's part-line: the last run of the
-  // row's last tile (the only short one where there is a part-line).
-  __device__ bool runs_part_line(const StagedPlace& p) const {
-    return part_line() != 0 && p.valid < kTileLen && threadIdx.x + 1 == lines_of(p);
-  }
-  // The thread's part-line from memory into its stage: its vectors (whole:
-  // the row's bytes are a multiple of 16) in their places, -inf in the
-  // others, at the line's end in memory order (forward) or its start
-  // (reversed: before the row).
-  __device__ void fill_part_line(const StagedPlace& p, unsigned char* stage) const {
-    constexpr int kElems = 16 / int{sizeof(T)};
-    const int vectors = static_cast<int>(part_line() / kElems);
-    const uint32_t line = kReverse ? 0 : lines_of(p) - 1;
-    const int64_t first = kReverse ? p.first : p.first + int64_t{line} * kLineElems;
-    const uint4* src = reinterpret_cast<const uint4*>(op.src + first);
-    const int skip = kReverse ? Run::kVectors - vectors : 0;
-    T pad[kElems];
-#pragma unroll
-    for (int e = 0; e < kElems; ++e) pad[e] = from_acc<T>(neg_inf<StateOf<Op>>());
-    uint4 absent;
-    memcpy(&absent, pad, 16);
-#pragma unroll
-    for (int c = 0; c < Run::kVectors; ++c) {
-      const int v = c - skip;
-      const uint4 u = v >= 0 && v < vectors ? src[v] : absent;
-      *reinterpret_cast<uint4*>(stage + swizzled_offset(line * kSwizzleLineBytes + c * 16)) = u;
-    }
   }
   __device__ static bool has_run(const StagedPlace& p) { return threadIdx.x < lines_of(p); }
   __device__ static typename Run::Address run_address(const StagedPlace& p) {
@@ -415,9 +350,6 @@ struct StagedSwizzledRunTiles {
                                    SwizzledRunPath& path) const {
     path = SwizzledRunPath::kJoins;
     if (!has_run(p)) return totals().identity();
-    if constexpr (kPartLines) {
-      if (runs_part_line(p)) fill_part_line(p, stage);
-    }
     const typename Run::Address a = run_address(p);
     if constexpr (kFirstReferenced) {
       typename Run::Part part;
@@ -571,22 +503,16 @@ struct StagedSwizzledRunTiles {
     }
   }
   // A short tile's elements inside the row, by the threads, in memory
-  // order: whole vectors (the row's bytes are a multiple of 16), after the
-  // part-line's positions before the row where a reversed tile starts
-  // with one.
+  // order: whole vectors (the row is whole lines).
   __device__ void store_short(const StagedPlace& p, const unsigned char* stage) const {
     constexpr int kElems = 16 / int{sizeof(T)};
     uint4* dst = reinterpret_cast<uint4*>(op.dst + p.first);
     const int64_t vectors = p.valid / kElems;
-    const int skip =
-        kReverse && part_line() != 0 ? static_cast<int>((kLineElems - part_line()) / kElems) : 0;
 #pragma unroll
     for (int c = 0; c < Run::kVectors; ++c) {
       const int m = c * kScanBlock + threadIdx.x;
       const uint32_t at = swizzled_offset(static_cast<uint32_t>(m) * 16);
-      if (m >= skip && m - skip < vectors) {
-        dst[m - skip] = *reinterpret_cast<const uint4*>(stage + at);
-      }
+      if (m < vectors) dst[m] = *reinterpret_cast<const uint4*>(stage + at);
     }
     // The copy engine writes this stage next, after the loop's barrier.
     fence_proxy_async_shared();

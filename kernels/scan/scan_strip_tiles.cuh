@@ -139,12 +139,30 @@ __global__ void __launch_bounds__(kStripBlock, kStripTileBlocksPerSm<Op, kLong>)
                     next_carry[lane]);
 }
 
+// Whether an op's strip tiles are long: where the op takes them and there
+// are at least three for every two SMs; strip steps elsewhere. H200 (132
+// SMs), launcher timer, bfloat16, us: cumsum on [1, 4096, 1024] along dim 1
+// (32 strips, 256 long tiles) 20.1 -> 17.6, but on [16, 2048, 64] (32
+// strips, 128 long tiles) 12.1 -> 15.0; cummax forward on [4096, 96] along
+// dim 0 (3 strips, 48 long tiles) 17.5 -> 20.3.
+template <typename Op>
+bool long_strip_tiles_fit(const ScanShape& s, const ScanPlan& plan) {
+  if constexpr (kLongStripTiles<Op>) {
+    const int64_t long_tiles = s.outer * plan.strips_per_outer *
+                               ceil_div(s.len, kStripTileLen<Op, true>);
+    return 2 * long_tiles >= 3 * multiprocessors();
+  } else {
+    (void)s, (void)plan;
+    return false;
+  }
+}
+
 // The tiles of every strip along the axis, ceil(len / kStripTileLen), no
 // more than the plan's workspace holds.
 template <typename Op, bool kLong>
 KernelStatus launch_strip_tiles_of(const Op& op, const ScanShape& s, const ScanPlan& plan,
                                    bool reverse, const ScanWorkspace& workspace,
-                                cudaStream_t stream) {
+                                   cudaStream_t stream) {
   const int64_t tiles = ceil_div(s.len, kStripTileLen<Op, kLong>);
   const int64_t strips = s.outer * plan.strips_per_outer;
   if (tiles > plan.tiles) return KernelStatus::invalid("scan: strip_tiles beyond its workspace");
@@ -153,22 +171,12 @@ KernelStatus launch_strip_tiles_of(const Op& op, const ScanShape& s, const ScanP
       dim3(kStripBlock), workspace, plan.tile_ws, stream, op, s, reverse, plan.strips_per_outer);
 }
 
-// Long tiles where the op takes them and there are at least three for
-// every two SMs; strip steps elsewhere. H200 (132 SMs), launcher timer,
-// bfloat16, us: cumsum on [1, 4096, 1024] along dim 1 (32 strips, 256
-// long tiles) 20.1 -> 17.6, but on [16, 2048, 64] (32 strips, 128 long
-// tiles) 12.1 -> 15.0; cummax forward on [4096, 96] along dim 0 (3
-// strips, 48 long tiles) 17.5 -> 20.3.
 template <typename Op>
 KernelStatus launch_strip_tiles(const Op& op, const ScanShape& s, const ScanPlan& plan,
-                                bool reverse, const ScanWorkspace& workspace,
+                                bool long_tiles, bool reverse, const ScanWorkspace& workspace,
                                 cudaStream_t stream) {
   if constexpr (kLongStripTiles<Op>) {
-    const int64_t long_tiles = s.outer * plan.strips_per_outer *
-                               ceil_div(s.len, kStripTileLen<Op, true>);
-    if (2 * long_tiles >= 3 * multiprocessors()) {
-      return launch_strip_tiles_of<Op, true>(op, s, plan, reverse, workspace, stream);
-    }
+    if (long_tiles) return launch_strip_tiles_of<Op, true>(op, s, plan, reverse, workspace, stream);
   }
   return launch_strip_tiles_of<Op, false>(op, s, plan, reverse, workspace, stream);
 }

@@ -196,7 +196,7 @@ __device__ void finish_strip_step(const Op& op, const Line& line, int64_t first,
                                   TotalOf<Op>& carry, TotalOf<Op>& next_carry) {
   using State = StateOf<Op>;
   const TotalsOf<Op> joins = totals_of(op);
-  const int warp = threadIdx.x / 32 % kWarps;  // within its strip's group
+  const int warp = threadIdx.x / 32;
   TotalOf<Op> prefix = carry;
   if constexpr (kFoldEarlierWarpsOnly<Op>) {
     // Every total read up front: a loop reading each as it goes waits for
@@ -376,21 +376,6 @@ constexpr int kStripStages = std::max(3, std::min(8, 1 + (40 << 10) / kStagedSte
 template <typename Op>
 constexpr int kStagedSmemBytes = kStripStages<Op> * kStagedStepBytes<Op>;
 
-// Strips a staged block walks side by side, a group of kStripBlock threads
-// each: two for two-byte ops with one column a lane, so that a block's
-// copies of a step cover whole 128-byte rows (each group's strip is 64
-// bytes wide) and one SM holds both halves. H100, launcher timer,
-// [4096, 8192] bfloat16 along dim 0, one group -> two: logcumsumexp
-// forward 60.0 -> 56.4 us, backward 116.5 -> 100.6, cummax forward 165.6
-// -> 158.9, cumprod backward 109.3 -> 107.8; cummax backward 151.9 ->
-// 152.6. (Blocks b and b + 1 land on the two SMs of a TPC; mapping
-// neighbouring strips to blocks that do not share a TPC cost logcumsumexp
-// forward 18 %.) The groups keep to one barrier, though they share no
-// data: a barrier per group let them drift apart (cummax forward 159 ->
-// 172 us, logcumsumexp forward 56.5 -> 58.5).
-template <typename Op>
-constexpr int kStripGroups = kLaneColumns<Op> == 1 && sizeof(typename Op::Storage) == 2 ? 2 : 1;
-
 // Whether a staged strip's copies ask L2 for the 256 bytes around each
 // piece: for two-byte types, whose strips' rows are 64 or 128 bytes and
 // whose neighbouring strips, the same rows' other bytes, the block after
@@ -426,11 +411,13 @@ constexpr bool kStagedInteriorFetch =
 // Element (position p of the warp's part of the step, column c of the
 // strip) of an input of element type U sits at U index p * kStagedWidth + c
 // of the warp's region of the stage, the inputs one after the other.
-// G strips a block (kStripGroups, or one where strips are few:
-// launch_strips). Two blocks per SM, but one for two columns per lane
-// (their 2 x 16 states spilled in 128 registers) or two strips a block.
-template <typename Op, int G>
-__global__ void __launch_bounds__(kStripBlock * G, kLaneColumns<Op> == 2 || G > 1 ? 1 : 2)
+// Two blocks per SM, but one for two columns per lane (their 2 x 16 states
+// spilled in 128 registers). (Two-byte ops once walked two neighbouring
+// strips a block, so that a block's copies covered whole 128-byte rows: on
+// the H200 that was within 4 % of one strip a block on every row of the
+// scan benchmarks.)
+template <typename Op>
+__global__ void __launch_bounds__(kStripBlock, kLaneColumns<Op> == 2 ? 1 : 2)
     staged_strips_kernel(Op op, ScanShape s, bool reverse, int64_t strips_per_outer) {
   using State = StateOf<Op>;
   using Total = TotalOf<Op>;
@@ -444,14 +431,12 @@ __global__ void __launch_bounds__(kStripBlock * G, kLaneColumns<Op> == 2 || G > 
   constexpr int kWarps = kStripBlock / 32;
   constexpr int64_t kStepLen = int64_t{kWarps} * K;
   extern __shared__ uint4 staged[];
-  __shared__ Total totals[2][G][kWarps][W];
+  __shared__ Total totals[2][kWarps][W];
   // The carry after each step, left by the last warp where only it folds
   // every total (kFoldEarlierWarpsOnly).
-  __shared__ Total carries[2][G][W];
+  __shared__ Total carries[2][W];
   const int lane = threadIdx.x % 32;
-  const int warp_all = threadIdx.x / 32;
-  const int group = warp_all / kWarps;
-  const int warp = warp_all % kWarps;
+  const int warp = threadIdx.x / 32;
   const int64_t strips = s.outer * strips_per_outer;
   const int64_t steps = (s.len + kStepLen - 1) / kStepLen;
   // The stage region of the warp for a step in slot `slot` (step % S; the
@@ -461,11 +446,11 @@ __global__ void __launch_bounds__(kStripBlock * G, kLaneColumns<Op> == 2 || G > 
   // cumprod backward 107.9 -> 106.3, the others unchanged).
   const auto region = [&](int slot) {
     return reinterpret_cast<char*>(staged) +
-           (slot * kWarps * G + warp_all) * kStagedWarpBytes<Op>;
+           (slot * kWarps + warp) * kStagedWarpBytes<Op>;
   };
   for (int64_t strip = blockIdx.x; strip < strips; strip += gridDim.x) {
     const int64_t o = strip / strips_per_outer;
-    const int64_t column0 = (strip - o * strips_per_outer) * W * G + group * W;
+    const int64_t column0 = (strip - o * strips_per_outer) * W;
     const int64_t outer_base = o * s.len * s.inner;
     const bool strip_columns_whole = column0 + W <= s.inner;
     // Copies this warp's positions of `step` (and the halo rows around
@@ -599,7 +584,7 @@ __global__ void __launch_bounds__(kStripBlock * G, kLaneColumns<Op> == 2 || G > 
           cur[j][k] = view.load(k * W + column, walk.l);
           if constexpr (AuxTrait<Op>::kHas) cur_aux[j][k] = view.aux(k * W + column, walk.l);
         });
-        totals[step % 2][group][warp][column] = fold_run(op, cur[j], memo[j]);
+        totals[step % 2][warp][column] = fold_run(op, cur[j], memo[j]);
       }
       __syncthreads();
 #pragma unroll
@@ -608,11 +593,11 @@ __global__ void __launch_bounds__(kStripBlock * G, kLaneColumns<Op> == 2 || G > 
         const int64_t p_end = column0 + column < s.inner ? s.len : 0;
         const Line line{outer_base + column0 + column, s.inner, s.len, reverse};
         if constexpr (kFoldEarlierWarpsOnly<Op>) {
-          if (step != 0) carry[j] = carries[(step - 1) % 2][group][column];
+          if (step != 0) carry[j] = carries[(step - 1) % 2][column];
         }
         finish_strip_step(op, line, first, p_end, cur[j], cur_aux[j], memo[j],
-                          totals[step % 2][group], column, carry[j],
-                          carries[step % 2][group][column]);
+                          totals[step % 2], column, carry[j],
+                          carries[step % 2][column]);
       }
     }
     // The next strip's first totals reuse buffer 0, its first copies the
@@ -621,57 +606,48 @@ __global__ void __launch_bounds__(kStripBlock * G, kLaneColumns<Op> == 2 || G > 
   }
 }
 
-// Whether an op's strips may be staged: its inputs named (with element
-// sizes that add up to kInputBytes) and 16-byte aligned, and every row
-// a whole number of 16-byte pieces of each.
+// Whether an op's strips are staged: where that pays (kStagingPays), its
+// inputs 16-byte aligned, and every row a whole number of 16-byte pieces of
+// each (8 elements of the narrowest input, two bytes, make 16 bytes).
 template <typename Op>
-bool staged_strips_fit(const Op& op, const ScanShape& s, bool& names_right) {
-  int bytes = 0;
-  op.for_each_input([&](const auto* from) { bytes += int{sizeof(*from)}; });
-  names_right = bytes == Op::kInputBytes;
-  // 8 elements of the narrowest input (two bytes) make 16 bytes.
-  return names_right && arrays_aligned16<false>(op, 0) && s.inner % 8 == 0;
+bool staged_strips_fit(const Op& op, const ScanShape& s) {
+  if constexpr (kStagingPays<Op>) {
+    return arrays_aligned16<false>(op, 0) && s.inner % 8 == 0;
+  } else {
+    (void)op, (void)s;
+    return false;
+  }
 }
 
-// Launches the staged strips of an op, G strips a block.
-template <typename Op, int G>
+// Launches the staged strips of an op, whose inputs must be named with
+// element sizes that add up to kInputBytes.
+template <typename Op>
 KernelStatus launch_staged_strips(const Op& op, const ScanShape& s, bool reverse,
                                   cudaStream_t stream) {
-  constexpr int kSmem = kStagedSmemBytes<Op> * G;
-  auto kernel = staged_strips_kernel<Op, G>;
-  // Above 48 KiB, dynamic shared memory must be opted into per kernel.
-  const KernelStatus st =
-      to_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  if (!st.is_ok()) return st;
-  const int64_t per_outer = ceil_div(s.inner, kStagedWidth<Op> * G);
-  const unsigned grid = static_cast<unsigned>(std::min(s.outer * per_outer, kMaxBlocks));
-  kernel<<<grid, kStripBlock * G, kSmem, stream>>>(op, s, reverse, per_outer);
-  return launch_status();
+  if constexpr (kStagingPays<Op>) {
+    int bytes = 0;
+    op.for_each_input([&](const auto* from) { bytes += int{sizeof(*from)}; });
+    if (bytes != Op::kInputBytes) return KernelStatus::invalid("scan: an op misnames its inputs");
+    constexpr int kSmem = kStagedSmemBytes<Op>;
+    auto kernel = staged_strips_kernel<Op>;
+    // Above 48 KiB, dynamic shared memory must be opted into per kernel.
+    const KernelStatus st = to_status(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    if (!st.is_ok()) return st;
+    const int64_t per_outer = ceil_div(s.inner, kStagedWidth<Op>);
+    const unsigned grid = static_cast<unsigned>(std::min(s.outer * per_outer, kMaxBlocks));
+    kernel<<<grid, kStripBlock, kSmem, stream>>>(op, s, reverse, per_outer);
+    return launch_status();
+  } else {
+    (void)op, (void)s, (void)reverse, (void)stream;
+    return KernelStatus::invalid("scan: no staged strips for this op");
+  }
 }
 
-// Launches the strips of an op: staged where that pays and fits
-// (kStagingPays, staged_strips_fit), through registers otherwise. Ops that
-// walk two strips a block (kStripGroups) walk one where there are no more
-// strips than SMs: two a block would leave half the SMs idle. H200,
-// launcher timer, bfloat16 [1, 2048, 4096] along dim 1 (128 strips), two
-// a block -> one: cumprod backward 53.5 -> 41.4 us, logcumsumexp forward
-// 28.3 -> 20.7, cummax backward 73.3 -> 63.3; at 219 strips one a block
-// lost 3-11 % (benchmarks/RESULTS.md).
+// Launches the strips of an op through registers.
 template <typename Op>
-KernelStatus launch_strips(const Op& op, const ScanShape& s, int64_t strips_per_outer,
-                           bool reverse, cudaStream_t stream) {
-  if constexpr (kStagingPays<Op>) {
-    bool names_right = true;
-    if (staged_strips_fit(op, s, names_right)) {
-      if constexpr (kStripGroups<Op> > 1) {
-        if (s.outer * ceil_div(s.inner, kStagedWidth<Op>) <= multiprocessors()) {
-          return launch_staged_strips<Op, 1>(op, s, reverse, stream);
-        }
-      }
-      return launch_staged_strips<Op, kStripGroups<Op>>(op, s, reverse, stream);
-    }
-    if (!names_right) return KernelStatus::invalid("scan: an op misnames its inputs");
-  }
+KernelStatus launch_column_strips(const Op& op, const ScanShape& s, int64_t strips_per_outer,
+                                  bool reverse, cudaStream_t stream) {
   const unsigned grid =
       static_cast<unsigned>(std::min(s.outer * strips_per_outer, kMaxBlocks));
   column_strips_kernel<<<grid, kStripBlock, 0, stream>>>(op, s, reverse, strips_per_outer);

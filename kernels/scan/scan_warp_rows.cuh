@@ -17,7 +17,6 @@
 #include "common/cuda_launch.cuh"
 #include "scan/scan_block.cuh"
 #include "scan/scan_plan.h"
-#include "scan/scan_segments.cuh"
 
 namespace baracuda {
 namespace scan {
@@ -127,8 +126,7 @@ constexpr bool kDirectionCompiled = kInputArrays<Op> == 1;
 // next kWarpRowsAhead chunks in flight while it scans one.
 template <typename Op, bool kReverse>
 __global__ void __launch_bounds__(kWarpRowsBlock, kWarpRowsBlocksPerSm)
-    warp_rows_kernel(Op op, int64_t outer, int64_t len, bool reverse,
-                     RowCarries<TotalOf<Op>> carries) {
+    warp_rows_kernel(Op op, int64_t outer, int64_t len, bool reverse) {
   using Total = TotalOf<Op>;
   const TotalsOf<Op> totals = totals_of(op);
   const int64_t lead = int64_t{threadIdx.x % 32} * kScanItems;
@@ -136,7 +134,7 @@ __global__ void __launch_bounds__(kWarpRowsBlock, kWarpRowsBlocksPerSm)
   for (int64_t row = int64_t{blockIdx.x} * kWarpRowsWarps + threadIdx.x / 32; row < outer;
        row += warps) {
     const Line line{row * len, 1, len, kDirectionCompiled<Op> ? kReverse : reverse};
-    Total carry = row_start<Op>(carries, row, totals.identity());
+    Total carry = totals.identity();
     WholeRun<Op> ahead[kWarpRowsAhead<Op>];
 #pragma unroll
     for (int a = 0; a < kWarpRowsAhead<Op>; ++a) {
@@ -171,39 +169,44 @@ bool rows_move_whole(const Op& op, int64_t len) {
   return len % kScanItems == 0 && arrays_aligned16<true>(op, 0);
 }
 
-// Launches warp_rows_kernel (its rows started from `carries`) where it
-// applies and pays: every row whole, and
-// rows enough that the rounds of resident warps they take are at least
-// three quarters full (one round of 4096 rows on 4224 warps is; 5000 rows
-// would be 1.2 rounds in two, and the block kernel's many rounds lose
-// less). Resident warps are counted as the kernel is compiled for, 32 per
-// SM: one that takes fewer registers fits more, but rows too few to fill
-// those leave each SM as many warps as before. Returns false, launching
-// nothing, where it does not.
+// Whether rows of [outer, len] take warp_rows_kernel: the op (kWarpRowsApply),
+// every row whole, and rows enough that the rounds of resident warps they
+// take are at least three quarters full (one round of 4096 rows on 4224
+// warps is; 5000 rows would be 1.2 rounds in two, and the block kernel's
+// many rounds lose less). Resident warps are counted as the kernel is
+// compiled for, 32 per SM: one that takes fewer registers fits more, but
+// rows too few to fill those leave each SM as many warps as before.
 template <typename Op>
-bool launch_warp_rows(const Op& op, const ScanShape& s, bool reverse,
-                      const RowCarries<TotalOf<Op>>& carries, cudaStream_t stream,
-                      KernelStatus& st) {
+bool warp_rows_fit(const Op& op, const ScanShape& s) {
   if constexpr (kWarpRowsApply<Op>) {
     if (!rows_move_whole(op, s.len)) return false;
+    const int64_t resident_warps =
+        std::min(resident_capacity(warp_rows_kernel<Op, false>, kWarpRowsBlock, 0),
+                 multiprocessors() * kWarpRowsBlocksPerSm) *
+        kWarpRowsWarps;
+    const int64_t rounds = ceil_div(s.outer, resident_warps);
+    return s.outer * 4 >= rounds * resident_warps * 3;
+  } else {
+    (void)op, (void)s;
+    return false;
+  }
+}
+
+template <typename Op>
+KernelStatus launch_warp_rows(const Op& op, const ScanShape& s, bool reverse,
+                              cudaStream_t stream) {
+  if constexpr (kWarpRowsApply<Op>) {
     auto kernel = warp_rows_kernel<Op, false>;
     if constexpr (kDirectionCompiled<Op>) {
       if (reverse) kernel = warp_rows_kernel<Op, true>;
     }
-    const int64_t resident_warps =
-        std::min(resident_capacity(kernel, kWarpRowsBlock, 0),
-                 multiprocessors() * kWarpRowsBlocksPerSm) *
-        kWarpRowsWarps;
-    const int64_t rounds = ceil_div(s.outer, resident_warps);
-    if (s.outer * 4 < rounds * resident_warps * 3) return false;
     const int64_t blocks = ceil_div(s.outer, int64_t{kWarpRowsWarps});
     const unsigned grid = static_cast<unsigned>(std::min(blocks, kMaxBlocks));
-    kernel<<<grid, kWarpRowsBlock, 0, stream>>>(op, s.outer, s.len, reverse, carries);
-    st = launch_status();
-    return true;
+    kernel<<<grid, kWarpRowsBlock, 0, stream>>>(op, s.outer, s.len, reverse);
+    return launch_status();
   } else {
-    (void)op, (void)s, (void)reverse, (void)carries, (void)stream, (void)st;
-    return false;
+    (void)op, (void)s, (void)reverse, (void)stream;
+    return KernelStatus::invalid("scan: no warp rows for this op");
   }
 }
 
