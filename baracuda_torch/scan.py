@@ -42,6 +42,8 @@ cummin backward sends each gradient to the index the forward returned,
 without scatter or atomics, so it is deterministic.
 """
 
+from typing import Optional
+
 import torch
 from torch import Tensor
 
@@ -113,19 +115,36 @@ def cummin(x: Tensor, dim: int, *, reverse: bool = False):
     return torch.return_types.cummin((values, indices))
 
 
-def scan_path(x: Tensor, dim: int) -> str:
-    """Which CUDA path a scan of ``x`` along ``dim`` takes: ``row_groups``
-    (scan axis innermost, rows of at most 1024: a group of 2 to 32 lanes per
-    row), ``rows`` (longer rows, a block per row), ``long_rows`` (few very
-    long rows, cut into tiles), ``column_strips`` (scan axis not innermost,
+def scan_path(x: Tensor, dim: int, kind: Optional[str] = None, *, backward: bool = False,
+              reverse: bool = False, dtype: Optional[torch.dtype] = None) -> str:
+    """Which CUDA path a scan of ``x`` along ``dim`` takes, and with ``kind``
+    (``"cumsum"``, ..., ``"cummin"``) which kernel that op runs.
+
+    Without ``kind``, the path of the shape alone: ``row_groups`` (scan axis
+    innermost, rows of at most 1024: a group of 2 to 32 lanes per row),
+    ``rows`` (longer rows, a block per row), ``long_rows`` (few very long
+    rows, cut into tiles), ``column_strips`` (scan axis not innermost,
     columns enough for 128 strips of 32: a block walks the axis per strip),
     ``strip_tiles`` (fewer strips, an axis of 33 to 4096 positions: a block
     per strip step), ``column_tiles`` (fewer columns, or strips' lanes
     mostly idle, or a longer axis, an axis of 17 to 32768 positions: one
     pass over tiles of 16 positions), ``columns`` (other non-innermost axes:
-    a thread per column), ``integer`` (integer and bool ``x``, on both
-    devices: the one engine of exact integer scans) or ``empty``."""
-    return _OPS.scan_path.default(x, dim)
+    a thread per column), ``integer`` (an integer scan: integer or bool
+    ``x``, or an integer ``dtype``; on both devices the one engine of exact
+    integer scans) or ``empty``.
+
+    With ``kind``, the kernel the launcher itself chooses for that op (its
+    ``backward``, ``reverse`` and cumsum / cumprod ``dtype``) on ``x``'s
+    device, or on the current CUDA device for a meta ``x``, from the op, the
+    arrays' alignment, the compiled targets and the GPU: ``row_groups``,
+    ``warp_rows``, ``rows``, ``long_rows``, ``staged_rows``,
+    ``swizzled_runs``, ``staged_extremes``, ``staged_cumprod_grad``,
+    ``staged_logcumsumexp_grad``, ``swizzled_logcumsumexp_grad``,
+    ``keyed_rows``, ``column_strips``, ``staged_strips``, ``strip_tiles``,
+    ``long_strip_tiles``, ``column_tiles``, ``columns`` (the design notes,
+    docs/design/scan.md, describe each), ``integer``, ``empty``, or
+    ``host`` for a CPU ``x``. A meta ``x`` with no CUDA device raises."""
+    return _OPS.scan_path.default(x, dim, kind, backward=backward, reverse=reverse, dtype=dtype)
 
 
 # ---------------------------------------------------------------- fake kernels

@@ -102,7 +102,8 @@ TORCH_LIBRARY(baracuda, m) {
         "str kind, bool reverse) -> Tensor",
         {at::Tag::pt2_compliant_tag});
   // Which CUDA path a scan of x along dim takes (for tests and tuning).
-  m.def("scan_path(Tensor x, int dim) -> str");
+  m.def("scan_path(Tensor x, int dim, str? kind=None, *, bool backward=False, "
+        "bool reverse=False, ScalarType? dtype=None) -> str");
   // For tests: leaves marks_left fresh marks to the standing slots of the
   // current stream of like's device, so that the wrap, which otherwise takes
   // 2^32 - 1 calls on one stream, comes after marks_left calls. Returns how

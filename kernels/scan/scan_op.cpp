@@ -5,7 +5,8 @@
 //   logcumsumexp(x, dim, reverse)                      -> y
 //   cummax / cummin(x, dim, reverse)                  -> (values, indices)
 //   scan_backward(grad, x?, y?, indices?, dim, kind, reverse) -> dx
-//   scan_path(x, dim)                                  which CUDA path a scan takes
+//   scan_path(x, dim, kind?, backward, reverse, dtype?) which CUDA path (and, given
+//                                                      the op, which kernel) a scan takes
 //   _scan_standing_marks_left(like, marks_left)        brings the standing slots'
 //                                                      marks near their wrap (tests)
 //
@@ -14,6 +15,7 @@
 // when one is given, and scan integer and bool x in int64 when not; cummax /
 // cummin keep integer and bool dtypes; logcumsumexp takes float types only.
 // Integer scans run on their own engine (scan_integer_kernels.h).
+#include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
@@ -335,12 +337,91 @@ at::Tensor scan_backward(const at::Tensor& grad, const c10::optional<at::Tensor>
   return dx;
 }
 
-// Integer and bool x: "integer", the integer engine (float x with an integer
-// dtype= takes it too).
-std::string scan_path(const at::Tensor& x, int64_t dim) {
-  const ScanShape s = scan_shape("scan_path", x, dim);
-  if (s.numel() > 0 && is_integer(x.scalar_type())) return "integer";
-  return scan_path_name(plan_scan(s).path);
+// The kernels' dtype for a float scalar type.
+FloatDtype float_dtype_for(const char* op, at::ScalarType t) {
+  switch (t) {
+    case at::kHalf: return FloatDtype::kFloat16;
+    case at::kBFloat16: return FloatDtype::kBFloat16;
+    case at::kFloat: return FloatDtype::kFloat32;
+    case at::kDouble: return FloatDtype::kFloat64;
+    default: break;
+  }
+  TORCH_CHECK(false, "baracuda::", op, ": dtype=", t, " is not supported");
+  return FloatDtype::kFloat32;
+}
+
+#ifdef BARACUDA_WITH_CUDA
+// The kernel a CUDA scan would run, asked of the launcher's own choice on
+// x's device (the current one for a meta x). Arrays the op allocates, or
+// copies to make contiguous, are fresh allocations (256-byte aligned);
+// x, where the op reads it as it is, has its own alignment, which the
+// backward's inputs are taken to share.
+std::string cuda_kernel_name(const at::Tensor& x, ScanKind kind, const ScanShape& s,
+                             FloatDtype dtype, bool as_is, bool backward, bool reverse) {
+  alignas(256) static char fresh_allocation;
+  void* fresh = &fresh_allocation;
+  const void* data = as_is ? x.const_data_ptr() : fresh;
+  std::optional<c10::DeviceGuard> guard;
+  if (x.is_cuda()) guard.emplace(x.device());
+  const auto described = [&](auto a) {
+    a.kind = kind;
+    a.dtype = dtype;
+    a.shape = s;
+    a.reverse = reverse;
+    return a;
+  };
+  if (!backward) {
+    ScanForwardArgs a = described(ScanForwardArgs{});
+    a.x = data;
+    a.y = fresh;
+    a.indices = static_cast<int64_t*>(fresh);
+    return scan_kernel_name(scan_forward_kernel_cuda(a));
+  }
+  ScanBackwardArgs a = described(ScanBackwardArgs{});
+  a.dy = a.x = a.y = data;
+  a.indices = static_cast<const int64_t*>(fresh);
+  a.dx = fresh;
+  return scan_kernel_name(scan_backward_kernel_cuda(a));
+}
+#endif
+
+// Without kind: the path of the shape plan, or "integer" where the scan is
+// an integer one (integer or bool x, or an integer dtype=: the integer
+// engine). With kind: the kernel that op runs, chosen by the launcher itself
+// ("host" for a CPU x).
+std::string scan_path(const at::Tensor& x, int64_t dim,
+                      std::optional<c10::string_view> kind_str, bool backward, bool reverse,
+                      std::optional<at::ScalarType> dtype) {
+  const char* op = "scan_path";
+  const ScanShape s = scan_shape(op, x, dim);
+  if (!kind_str.has_value()) {
+    TORCH_CHECK(!backward, "baracuda::scan_path: backward=True needs kind=");
+    const bool integer = dtype.has_value() ? is_integer(*dtype) : is_integer(x.scalar_type());
+    if (s.numel() > 0 && integer) return "integer";
+    return scan_path_name(plan_scan(s).path);
+  }
+  const ScanKind kind = parse_kind(op, *kind_str);
+  TORCH_CHECK(!dtype.has_value() || kind == ScanKind::kCumsum || kind == ScanKind::kCumprod,
+              "baracuda::scan_path: dtype= is for cumsum and cumprod, not kind='",
+              kind_name(kind), "'");
+  const at::ScalarType out = scan_dtype(kind, x, dtype);
+  const bool integer = kind != ScanKind::kLogcumsumexp && is_integer(out);
+  TORCH_CHECK(!(backward && integer), "baracuda::scan_path: an integer scan has no backward");
+  if (s.numel() == 0) return "empty";
+  if (integer) return "integer";
+  const FloatDtype fd = float_dtype_for(op, out);
+  if (x.is_cpu()) return "host";
+#ifdef BARACUDA_WITH_CUDA
+  TORCH_CHECK(x.is_cuda() || at::hasCUDA(), "baracuda::scan_path: kind= names a CUDA kernel, "
+              "and x is on ", x.device(), " with no CUDA device present");
+  const bool as_is = x.is_cuda() && x.scalar_type() == out && x.is_contiguous();
+  return cuda_kernel_name(x, kind, s, fd, as_is, backward, reverse);
+#else
+  (void)fd, (void)reverse;
+  TORCH_CHECK(false, "baracuda::scan_path: kind= names a CUDA kernel, and this build has no "
+              "CUDA");
+  return "";
+#endif
 }
 
 #ifdef BARACUDA_WITH_CUDA
