@@ -41,6 +41,7 @@
 #include "scan/scan_kernels.h"
 #include "scan/scan_ops.h"
 #include "scan/scan_plan.h"
+#include "scan/scan_tuning.cuh"
 
 namespace baracuda {
 namespace scan {
@@ -50,14 +51,6 @@ struct IsExtremeBackward : std::false_type {};
 template <typename T, typename Acc, typename Pos>
 struct IsExtremeBackward<ExtremeBackward<T, Acc, Pos>> : std::true_type {};
 
-// Consecutive elements a thread holds: its keys are eight 16-byte vectors.
-// Eight (tiles of 2048), with the keys read straight, ran [4, 4M] and
-// [64, 256K] 5-15 % faster and [1, 16M] no faster; not measured since the
-// keys go through shared memory.
-constexpr int kKeyedRunLen = 16;
-// Records a fix-up thread reads at once: a row of 16M has 4096 tiles, 16 a
-// thread.
-constexpr int kFixupBatch = 16;
 constexpr int64_t kKeyedTileLen = int64_t{kScanBlock} * kKeyedRunLen;
 
 // What a tile leaves for the second kernel; 16-byte aligned, so that the

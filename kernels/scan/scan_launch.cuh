@@ -39,6 +39,7 @@
 #include "scan/scan_strip_tiles.cuh"
 #include "scan/scan_strips.cuh"
 #include "scan/scan_slots_launch.cuh"
+#include "scan/scan_tuning.cuh"
 #include "scan/scan_warp_rows.cuh"
 
 namespace baracuda {
@@ -47,31 +48,6 @@ namespace {
 using namespace scan;
 
 // ---------------------------------------------------------------- rows path
-
-// Blocks per SM a rows block is compiled for. Left free, the 8-byte states
-// (cummax / cummin with int32 positions, cumprod and logcumsumexp backward)
-// take 90-100 registers and run two; asked for four, they fit 64 and wait
-// less on their exchanges (H100, [4096, 8192], three -> four: f32
-// logcumsumexp backward 330 -> 261 us, bf16 cummax backward 185 -> 165,
-// f32 cummax forward 217 -> 219). 4-byte states run five (bf16 cumsum
-// measured 7 % slower with four). Ops on direct runs (bf16 cumsum, cumprod,
-// cumsum backward) need few registers and run eight: bf16 cumsum took
-// 55.9 us with five, 54.1 with six, 52.4 with eight (the misaligned-row path
-// then spills 28 bytes). logcumsumexp forward, bound by its arithmetic, stays
-// at five (eight: 151.6 -> 159.6 us). 16-byte states (float64, int64
-// positions) run three.
-//
-// cumprod backward (8-byte states, three inputs) runs three: [4096, 8192]
-// float32 took 183 us with three and 198 with four (which spills); bfloat16,
-// moving whole runs with their neighbours, 97 with three and 111 with four
-// (a 108-byte spill).
-template <typename Op>
-constexpr int kRowsBlocksPerSm =
-    ReadsNeighbors<Op>::value                                      ? 3
-    : kMayGoDirect<Op> && !HasRunScan<Op>::value                   ? 8
-    : sizeof(StateOf<Op>) <= 4                                     ? 5
-    : sizeof(StateOf<Op>) <= 8                                     ? 4
-                                                                   : 3;
 
 template <typename Op>
 __global__ void __launch_bounds__(kScanBlock, kRowsBlocksPerSm<Op>)
@@ -142,35 +118,6 @@ __global__ void __launch_bounds__(kScanBlock, kRowsBlocksPerSm<Op>)
 // prefix is assembled from totals published by tiles with smaller tickets
 // (tile_prefix), and then the chunks are scanned and stored.
 
-// cummax / cummin forward on whole two-byte runs with int32 positions: held
-// to 64 registers, for four long_rows blocks per SM (kLongRowsBlocksPerSm).
-template <typename Op>
-constexpr bool kLeanLongRows =
-    ReadsOneArray<Op>::value && kMayLoadDirect<Op> && sizeof(StateOf<Op>) <= 8;
-
-// Chunks per tile. A block's loads go out at its start and nothing more
-// until it ends, so the bytes a tile holds are what keeps memory busy.
-// Measured on H100, [1, 16M] float32 cumsum: 85 us with one chunk, 77 with
-// two, 68 with three; four took 80 registers and bf16 ran slower (52 ->
-// 67 us). 8-byte states (launcher timer, [1, 16M], one -> two -> three
-// chunks):
-// - cumprod backward takes three: float32 155 -> 148 -> 132 us, bfloat16
-//   114 -> 114 -> 98;
-// - the others two: float32 cummax forward 165 -> 152 -> 157 us and
-//   backward 144 -> 136 -> 142, bfloat16 logcumsumexp backward 137 -> 121
-//   -> 136 (12 bytes of spill at two) and cummax backward 138 -> 130 ->
-//   144; the lean extremes above, two at four blocks per SM rather than one
-//   at five (137 -> 125 us; two at five spilled 236 bytes);
-// - but a run scan loaded through the exchange keeps one (float32
-//   logcumsumexp backward, 194 -> 225 us with two).
-// Wider states and float64 (not measured) keep one.
-template <typename Op>
-constexpr int kLongChunks =
-    sizeof(StateOf<Op>) <= 4                                       ? 3
-    : sizeof(StateOf<Op>) > 8 || sizeof(typename Op::Storage) == 8 ? 1
-    : ReadsNeighbors<Op>::value                                    ? 3
-    : HasRunScan<Op>::value && !kMayLoadDirect<Op>                 ? 1
-                                                                   : 2;
 template <typename Op>
 constexpr int64_t kLongTileLen = kLongChunks<Op> * kRowChunk;
 
@@ -209,21 +156,6 @@ union LongRowsShared {
   RowShared<Op> rows;
   typename TileScanOf<Op>::TempStorage tile_scan;
 };
-
-// Blocks per SM a long_rows block is compiled for: three for logcumsumexp
-// forward, which left free took 100 registers and ran two, and for two-byte
-// logcumsumexp backward (left free, it took 98 registers once the prefix
-// folds went by reference, and ran two blocks: 119 -> 140 us on bfloat16
-// [1, 16M]); four for the lean extremes (kLeanLongRows; with tiles of one
-// chunk they ran five, 149 -> 138 us on bfloat16 [1, 16M], H100, against
-// four left free at 54 registers); the others are left free (0). Asked
-// for even one block, the compiler takes more registers: float32 cumsum 69
-// rather than 64, three blocks rather than four, 6 % slower on [1, 16M].
-template <typename Op>
-constexpr int kLongRowsBlocksPerSm =
-    HasRunScan<Op>::value && (sizeof(StateOf<Op>) <= 4 || sizeof(typename Op::Storage) == 2) ? 3
-    : kLeanLongRows<Op>                                                                        ? 4
-                                                                                               : 0;
 
 // long_rows' slots, and the mark that says a slot's state is out.
 template <typename Total>
@@ -569,13 +501,7 @@ __device__ inline bool column_span(const ScanShape& s, int64_t seg_len, ColumnSp
 // Walks one thread's segment in batches of kColumnBatch<Op>: every load of
 // a batch is issued before its first store, so each thread keeps several
 // loads in flight (the compiler cannot move loads past stores that may
-// alias). Four-byte states take batches of 16 (a float32 cumsum of
-// [4096, 96] along dim 0: 23 -> 17 us against 8); larger states keep 8, as
-// batches of 16 or 32 were no faster for them but for logcumsumexp forward
-// (5 % at 32) and held more registers.
-template <typename Op>
-constexpr int kColumnBatch = sizeof(StateOf<Op>) <= 4 ? 16 : 8;
-
+// alias).
 template <bool kStore, typename Op>
 __device__ StateOf<Op> walk_column(const Op& op, const ScanShape& s, bool reverse,
                                    const ColumnSpan& span, StateOf<Op> carry) {
@@ -643,16 +569,8 @@ __global__ void __launch_bounds__(kColumnBlock)
 // column, is the in-order fold of the earlier groups' totals and of the
 // earlier tiles of its group: the association depends on t only.
 //
-// kPrefixBatch: how many of those totals a thread reads at a time. With
-// few columns (kFewTileColumns) every tile is resident at once and a tile
-// waits mostly on its prefix: eight at a time (H100, float32 [4096, 96]
-// along dim 0, one at a time -> eight: cummax backward 34.7 -> 26.1 us,
-// logcumsumexp backward 46.1 -> 36.6). With more, the tiles outnumber
-// the resident blocks, and the registers the batch holds beside the
-// tile's own elements cost more than the round trips they save (float32
-// [16, 2048, 64] along dim 1: logcumsumexp backward 55.1 -> 64.1 us,
-// cumprod backward 51.5 -> 54.5): one at a time.
-constexpr int64_t kFewTileColumns = 1024;
+// kPrefixBatch: how many of those totals a thread reads at a time, eight
+// below kFewTileColumns columns and one above (scan_tuning.cuh).
 
 template <typename Op, int kPrefixBatch>
 __global__ void __launch_bounds__(kColumnBlock)

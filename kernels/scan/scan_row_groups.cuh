@@ -20,20 +20,10 @@
 #include "common/cuda_launch.cuh"
 #include "scan/scan_block.cuh"
 #include "scan/scan_plan.h"
+#include "scan/scan_tuning.cuh"
 
 namespace baracuda {
 namespace scan {
-
-constexpr int kRowGroupBlock = 128;
-
-// Consecutive elements a lane holds: 16 bytes of the input (8 two-byte, 4
-// four-byte, 2 eight-byte), one vector. (Loaded element by element, as they
-// all once were, longer runs asked L2 for the same sectors more often: on
-// H100, 8 float32 elements a lane took a [1048576, 16] cumsum 155 us, where
-// 8 bfloat16, the same count of elements in 16 bytes, took 43.)
-template <typename Op>
-constexpr int kRowGroupItems =
-    std::max(2, std::min(kScanItems, int(16 / sizeof(typename Op::Storage))));
 
 // How a lane's run moves. Where its row lies so that runs are 16-byte
 // vectors (whole_runs_fit) and the run ends before the row does:

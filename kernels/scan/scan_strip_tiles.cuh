@@ -21,64 +21,18 @@
 #include "scan/scan_publish.cuh"
 #include "scan/scan_strips.cuh"
 #include "scan/scan_slots_launch.cuh"
+#include "scan/scan_tuning.cuh"
 
 namespace baracuda {
 namespace scan {
-
-// Positions per warp of a tile: a strip step's, or in long tiles (kLong)
-// twice as many, up to 128 bytes of the op's storage. A tile holds one
-// step in registers where the column_strips walk holds two (the next
-// step's loads in flight), so the registers that bound the walk's steps
-// hold twice the positions here. Fewer, longer tiles wait less on each
-// other and bring more bytes in per thread, but leave SMs idle where they
-// are few (launch_strip_tiles). H200, launcher timer, us, strip steps ->
-// long tiles: [16, 2048, 64] along dim 1, bfloat16 cummax backward 26.4 ->
-// 20.9, float32 cummax forward 27.2 -> 21.4; [1, 4096, 1024], bfloat16
-// logcumsumexp forward 22.5 -> 16.5 and backward 60.2 -> 47.7, cumsum 20.1
-// -> 17.6; but where there are 128 long tiles or fewer, bfloat16 cumsum on
-// [16, 2048, 64] 12.1 -> 15.0 and cummax forward on [4096, 96] along dim 0
-// 17.5 -> 20.3 (benchmarks/RESULTS.md).
-template <typename Op, bool kLong>
-constexpr int kStripTileRows =
-    kLong ? std::min<int>(128 / sizeof(typename Op::Storage), 2 * kStripRows<Op>)
-          : kStripRows<Op>;
 
 // Positions of a tile.
 template <typename Op, bool kLong>
 constexpr int64_t kStripTileLen = int64_t{kStripBlock / 32} * kStripTileRows<Op, kLong>;
 
-// The ops that take long tiles: those whose tiles get longer, but not
-// float32 logcumsumexp backward, slower in them on [16, 2048, 64] (31.2 ->
-// 36.8 us) and [4096, 96] (18.4 -> 21.3) and faster only on
-// [1, 4096, 1024] (51.6 -> 47.4), nor float64 (not measured).
-template <typename Op>
-constexpr bool kLongStripTiles =
-    kStripTileRows<Op, true> != kStripRows<Op> && sizeof(typename Op::Storage) <= 4 &&
-    !std::is_same<Op, LogcumsumexpBackward<float, float>>::value;
-
 static_assert(kStripTileMinLen == (kStripBlock / 32) * 4,
               "the plan sizes the workspace for steps of at least four positions a warp");
 static_assert(kMaxStripTiles <= kStripBlock, "a thread waits for each earlier tile");
-
-// Blocks per SM a tile is compiled for. A tile does one step and exits, so
-// what hides its loads and its wait for the earlier tiles is other tiles
-// on the SM: three, where the column_strips walk keeps one or two (80
-// registers; the few spills are 4-12 bytes). The plain ops (cumsum,
-// cumprod forward, cumsum backward) and two-byte logcumsumexp forward,
-// which spilled 82 bytes so, keep the strips' count. H200, launcher timer,
-// us, two -> three blocks an SM: [1, 4096, 1024] along dim 1, bfloat16
-// cumprod backward 77.3 -> 61.7, logcumsumexp backward 72.0 -> 59.9,
-// cummax forward 55.1 -> 48.4, float32 cummax forward 51.1 -> 42.5;
-// [16, 2048, 64], bfloat16 cumprod backward 40.9 -> 34.4; but bfloat16
-// cummax forward there 28.7 -> 29.8, and logcumsumexp backward on
-// [4096, 96] along dim 0 19.5 -> 20.3 (benchmarks/RESULTS.md). Long
-// tiles, whose states take twice the registers, run two.
-template <typename Op, bool kLong>
-constexpr int kStripTileBlocksPerSm =
-    kLong ? 2
-    : HasPlainIo<Op>::value && (!HasRunScan<Op>::value || sizeof(typename Op::Storage) == 2)
-        ? kStripBlocksPerSm<Op>
-        : 3;
 
 // Tiles take tickets tile-major (every strip's tile 0, then every strip's
 // tile 1, ...), so a tile waits only for smaller tickets: blocks already

@@ -14,6 +14,7 @@
 #include "common/cuda_launch.cuh"
 #include "scan/scan_block.cuh"
 #include "scan/scan_plan.h"
+#include "scan/scan_tuning.cuh"
 
 namespace baracuda {
 namespace scan {
@@ -29,64 +30,16 @@ namespace scan {
 // carry -- the same association in every thread, whatever the timing. (For
 // some ops only the last warp folds them all: kFoldEarlierWarpsOnly.)
 
-// Positions per warp and step: 128 bytes of loads in flight per thread, or
-// fewer where two steps' states (and what the stores read) would not fit in
-// 80 registers (64 for two-byte types). Measured on H100, [4096, 8192] along
-// dim 0: 80 registers rather than 64 took float32 cummax forward from 238 to
-// 218 us; for bf16, 80 made cumsum backward spill and cummax backward 11 %
-// slower.
-template <typename Op>
-constexpr int kStripStateBytes = sizeof(typename Op::Storage) <= 2 ? 128 : 160;
-
-template <typename Op>
-constexpr int kStripRows =
-    std::min<int>(128 / sizeof(typename Op::Storage),
-                  kStripStateBytes<Op> /
-                      (sizeof(StateOf<Op>) + (AuxTrait<Op>::kHas ? sizeof(AuxOf<Op>) : 0)));
-
-// Blocks per SM a strip block is compiled for: two, where the compiler left
-// free may take more registers than that allows (float32 with 80 registers
-// of states) or does worse (bf16 cumsum forward, 124 -> 107 us with two);
-// bf16 ops with 8-byte states are left free (cummax backward ran 240 ->
-// 250 us with two).
-template <typename Op>
-constexpr int kStripBlocksPerSm =
-    sizeof(typename Op::Storage) <= 2 && sizeof(StateOf<Op>) > 4 ? 1 : 2;
-
-// How a step folds the warps' totals (finish_strip_step). By default every
-// warp folds all of them, its own prefix on the way and the next step's
-// carry at the end, and keeps the carry in registers. For some ops each
-// warp folds only the totals of the warps before its own, and the last
-// warp, folding its own in too, leaves the next carry in shared memory:
-// half the work on average, but the last warp's whole fold is on every
-// step's path. Which way, as measured (H100, launcher timer, [4096, 8192]
-// along dim 0, all-warps -> earlier-warps): float32 logcumsumexp forward
-// 112.0 -> 110.3 us and bfloat16 backward 120.5 -> 116.6 take the earlier
-// warps; bfloat16 forward 60.5 -> 61.8 and float32 backward 193.0 -> 197.5,
-// which runs near bandwidth, keep all of them, as do the cheap combines
-// (2-3 % slower so: bfloat16 cumsum forward 52.3 -> 53.5, cummax forward
-// 166.0 -> 169.5).
-template <typename Op>
-constexpr bool kFoldEarlierWarpsOnly =
-    HasRunScan<Op>::value &&
-    sizeof(typename Op::Storage) == (HasPlainIo<Op>::value ? 4 : 2);
-
 // The fold of `carry` and the warps' totals of a column by something
-// cheaper than joins, where that applies; false, with nothing written,
-// where it does not (the caller joins). Scaled sums (scan_ops.h): against
-// the largest exponent M of the terms, where each one is finite and within
-// 64 of M, or the empty run (-inf, whose weight is 0), each s exp(m - M) is
-// a plain float and the fold is a sum -- exps side by side where the joins
-// are a chain, each waiting for the one before. The sum runs in warp order,
-// so the result depends on the data alone. Two forms, one for each way of
-// folding (kFoldEarlierWarpsOnly).
+// cheaper than joins, where that applies (kFoldWarpsByReference); false,
+// with nothing written, where it does not (the caller joins). Scaled sums
+// (scan_ops.h): against the largest exponent M of the terms, where each one
+// is finite and within 64 of M, or the empty run (-inf, whose weight is 0),
+// each s exp(m - M) is a plain float and the fold is a sum -- exps side by
+// side where the joins are a chain, each waiting for the one before. The
+// sum runs in warp order, so the result depends on the data alone. Two
+// forms, one for each way of folding (kFoldEarlierWarpsOnly).
 //
-// Only logcumsumexp forward takes it. H100, [4096, 8192] along dim 0,
-// launcher timer: bfloat16 66.8 -> 61.3 us, float32 118.0 -> 116.5; the
-// backward ran slower (bfloat16 111.3 -> 118.7 us, float32 193.0 -> 196.1).
-template <typename Op>
-constexpr bool kFoldWarpsByReference = HasRunScan<Op>::value && HasPlainIo<Op>::value;
-
 // All the warps: the fold of those before warp `warp` into `prefix`, the
 // whole fold into `carry`. T, the element type, picks the exps
 // (exp_nonpositive_for).
@@ -305,108 +258,8 @@ __global__ void __launch_bounds__(kStripBlock, kStripBlocksPerSm<Op>)
 // every 16-byte piece of a row of each input lies wholly inside the tensor
 // or wholly past its last column, aligned (staged_strips_fit).
 
-template <typename Op, typename = void>
-struct HasInputs : std::false_type {};
-template <typename Op>
-struct HasInputs<Op, std::void_t<decltype(Op::kInputBytes)>> : std::true_type {};
-
-// Where staging pays: two-byte types, and ops with more per element than a
-// plain combine (logcumsumexp's run scan, the aux the backward passes of
-// logcumsumexp and cumprod read). H100, [4096, 8192] along dim 0, registers
-// -> staged: bf16 cumsum 106 -> 52 us, f32 logcumsumexp forward 133 -> 125,
-// backward 502 -> 272, f32 cumprod backward 359 -> 197; but f32 cumsum
-// backward 106 -> 110 and cummax backward 188 -> 195, so the other four-
-// and eight-byte ops keep the register loader.
-template <typename Op>
-constexpr bool kStagingPays = HasInputs<Op>::value && (sizeof(typename Op::Storage) == 2 ||
-                                                       HasRunScan<Op>::value ||
-                                                       AuxTrait<Op>::kHas);
-
-// Two columns per lane for plain ops on two-byte types (bf16 cumsum
-// [4096, 8192] along dim 0 took 51 us with 128-byte rows of a strip, 59
-// with 64-byte ones). The costlier combines (logcumsumexp, cummax, cummin)
-// ran slower so, their fewer strips filling one block per SM (cummax
-// forward 165 -> 247 us).
-template <typename Op>
-constexpr int kLaneColumns =
-    sizeof(typename Op::Storage) == 2 && HasPlainIo<Op>::value && !HasRunScan<Op>::value ? 2 : 1;
-
-template <typename Op>
-constexpr int kStagedWidth = kStripWidth * kLaneColumns<Op>;
-
-// An op that reads its inputs at the neighbouring scan positions too
-// (ReadsNeighbors) has each warp also stage the row before and the row after
-// its positions of the step (kHaloRows each side).
-template <typename Op>
-constexpr int kHaloRows = ReadsNeighbors<Op>::value ? 1 : 0;
-
-// Positions per warp and step: about 16 KiB of inputs per block and step,
-// more for a run scan (longer runs, fewer joins), and no more than 128
-// bytes of states per thread (bf16 cummax forward spilled with 32 positions
-// of 8-byte states). Halo rows cost 2 / K more copies: cumprod backward
-// stages 16 positions of two-byte inputs (bf16 [4096, 8192] along dim 0:
-// 114 us, against 135 with 8). Each step has fixed work (addresses, the
-// barrier, the fold of the warps' totals), about 0.6 us along that axis:
-// bf16 logcumsumexp forward took 66.7 us at 16 positions, 56.5 at 32, and
-// spilled at 64 (188 us).
-template <typename Op>
-constexpr int kStagedRows =
-    std::min<int>(HasRunScan<Op>::value || Op::kInputBytes <= 2 ? 32
-                  : Op::kInputBytes <= 4 || (kHaloRows<Op> && Op::kInputBytes <= 6)
-                      ? 16
-                      : 8,
-                  128 / (sizeof(StateOf<Op>) * kLaneColumns<Op>));
-
-// Rows of each input a warp stages per step.
-template <typename Op>
-constexpr int kStagedSpan = kStagedRows<Op> + 2 * kHaloRows<Op>;
-
-template <typename Op>
-constexpr int kStagedWarpBytes = kStagedSpan<Op> * kStagedWidth<Op> * Op::kInputBytes;
-
-template <typename Op>
-constexpr int kStagedStepBytes = (kStripBlock / 32) * kStagedWarpBytes<Op>;
-
-// Steps in shared memory: about 40 KiB of copies in flight per block, and
-// at least two steps (80 KiB ran up to 4 % slower: bf16 cummax backward
-// 148 -> 153 us, f32 cumsum backward 108.6 -> 110.5).
-template <typename Op>
-constexpr int kStripStages = std::max(3, std::min(8, 1 + (40 << 10) / kStagedStepBytes<Op>));
-
 template <typename Op>
 constexpr int kStagedSmemBytes = kStripStages<Op> * kStagedStepBytes<Op>;
-
-// Whether a staged strip's copies ask L2 for the 256 bytes around each
-// piece: for two-byte types, whose strips' rows are 64 or 128 bytes and
-// whose neighbouring strips, the same rows' other bytes, the block after
-// walks beside it on the other SM of the TPC. H100, [4096, 8192] along
-// dim 0, one benchmark run each, us: bfloat16 logcumsumexp forward 56.19
-// -> 56.00 (launcher timer, three runs: 56.4 -> 55.8), backward 100.8 ->
-// 98.7, cummax forward 160.4 -> 157.6; the plain ops within the noise. Not
-// for 8-byte inputs (cummax backward's indices, whose rows are 256 bytes
-// already: 151.6 -> 152.6), nor float32 (rows of 128 bytes: logcumsumexp
-// unchanged, cumprod backward 192.9 -> 198.1).
-template <typename Op>
-constexpr bool kStagedPrefetch256 = sizeof(typename Op::Storage) == 2 && Op::kInputBytes < 8;
-
-// Whether a staged strip copies input type U, on the steps where every copy
-// is valid (its rows inside the axis, the strip's columns inside the
-// tensor), from one address plus a fixed stride per round with no tests,
-// where the others test each copy (and two-byte inputs compute each
-// address from its position, about 150 instructions a warp and step).
-// H100, launcher timer, [4096, 8192] along dim 0, two runs each, us:
-// bfloat16 logcumsumexp forward 55.4 -> 52.6, and cummax / cummin
-// backward, for their 8-byte indices, 150.0 -> 144.3 and 149.2 -> 144.0;
-// but two-byte cumsum forward 52.5 -> 54.3, backward 51.6 -> 54.7,
-// cumprod forward 52.5 -> 54.9, logcumsumexp backward 98.6 -> 103.1, and
-// float32 logcumsumexp backward 193.5 -> 195.6 (float32 logcumsumexp
-// forward and cumprod backward unchanged), which keep their tests. (The
-// steps at either end of the axis, and a strip past the last column, test
-// their copies in every op.)
-template <typename Op, typename U>
-constexpr bool kStagedInteriorFetch =
-    sizeof(U) == 2 ? HasRunScan<Op>::value && HasPlainIo<Op>::value
-                   : sizeof(U) == 8 && sizeof(typename Op::Storage) == 2;
 
 // Element (position p of the warp's part of the step, column c of the
 // strip) of an input of element type U sits at U index p * kStagedWidth + c

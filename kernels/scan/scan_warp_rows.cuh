@@ -17,20 +17,13 @@
 #include "common/cuda_launch.cuh"
 #include "scan/scan_block.cuh"
 #include "scan/scan_plan.h"
+#include "scan/scan_tuning.cuh"
 
 namespace baracuda {
 namespace scan {
 
-constexpr int kWarpRowsBlock = 128;
 constexpr int kWarpRowsWarps = kWarpRowsBlock / 32;
 constexpr int64_t kWarpChunk = int64_t{32} * kScanItems;
-// Chunks whose loads are in flight beyond the one being scanned: two for
-// ops that read one array, one for the backward ops that read three (with
-// two their runs spill out of 64 registers).
-template <typename Op>
-constexpr int kWarpRowsAhead = kInputArrays<Op> == 1 ? 2 : 1;
-// Blocks per SM the kernel is compiled for: 32 warps, 64 registers.
-constexpr int kWarpRowsBlocksPerSm = 8;
 
 // Ops whose runs move whole both ways (kWholeRunIo, scan_ops.h) in one
 // 16-byte vector per array (the two-byte types), and scan their own runs
