@@ -147,7 +147,7 @@ __device__ bool warp_scan_by_reference(ScaledSum<float>& v) {
 #pragma unroll
   for (int d = kWidth / 2; d >= 1; d /= 2) top = fmaxf(top, __shfl_xor_sync(kAll, top, d));
   const bool empty = kEmptyLanes && v.m == -INFINITY && v.s == 0.f;
-  if (!__all_sync(kAll, empty || (is_finite(v.m) && v.m >= top - 64.f))) return false;
+  if (!__all_sync(kAll, empty || (is_finite(v.m) && v.m >= top - kTameSpan<float>))) return false;
   const int slot = threadIdx.x % kWidth;
   float sum = empty ? 0.f : v.s * exp_nonpositive(v.m - top);
 #pragma unroll

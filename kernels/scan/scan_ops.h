@@ -69,6 +69,15 @@ template <typename Acc> BHD bool is_nan(Acc v) { return v != v; }
 // Neither infinite nor NaN.
 template <typename Acc> BHD bool is_finite(Acc v) { return v - v == Acc(0); }
 
+// How far below the largest exponent of a run, or of the totals a fold
+// joins, a term may lie and still be weighed as a plain float against it:
+// a weight of e^-64 or more keeps a sum of them far from both float's
+// underflow and its overflow. Every "tame" test of the scans (runs scanned
+// against their largest element, folds of scaled sums by reference) uses
+// this one span.
+template <typename Acc>
+constexpr Acc kTameSpan = Acc(64);
+
 // log(s) for s > 0 of moderate size (a sum of weights, never subnormal). On
 // the GPU (float): log2 by the bare instruction (absolute error ~2^-22), in
 // its flush-to-zero form (the other form tests for subnormal inputs and
@@ -428,7 +437,7 @@ struct LogcumsumexpForward : LogAddExpCombine<Acc>, PlainIo<T, Acc> {
   BHD static bool tame(const Acc (&x)[N], Acc& hi) {
     hi = x[0];
     for (int k = 1; k < N; ++k) hi = fmax(hi, x[k]);
-    return is_finite(hi) && x[0] >= hi - Acc(64);
+    return is_finite(hi) && x[0] >= hi - kTameSpan<Acc>;
   }
   // A log-domain value as a total, and back. A total's s is at least 1
   // unless it is the empty run (m = -inf, s = 0), so m + log(s) is -inf,
@@ -462,7 +471,7 @@ struct LogcumsumexpForward : LogAddExpCombine<Acc>, PlainIo<T, Acc> {
     if constexpr (kLateRuns) {
       if (!memo.tame && first == neg_inf<Acc>() && is_finite(memo.hi)) {
         first = lead_of(x);
-        memo.tame = first >= memo.hi - Acc(64);  // false for NaN
+        memo.tame = first >= memo.hi - kTameSpan<Acc>;  // false for NaN
       }
     }
     memo.absent = !memo.tame && all_neg_inf(x, memo.hi);
@@ -660,7 +669,7 @@ struct LogcumsumexpBackward : ScaledSumCombine<Acc>, GradWithSaved<T> {
       sum += x[k].m;
     }
     // The sum catches NaN and infinities, -inf (a dropped term) included.
-    memo.tame = is_finite(sum) && memo.hi - lo <= Acc(64);
+    memo.tame = is_finite(sum) && memo.hi - lo <= kTameSpan<Acc>;
     if (!memo.tame) {
       State t = this->identity();
       for (int k = 0; k < N; ++k) t = this->combine(t, x[k]);

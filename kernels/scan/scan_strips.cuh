@@ -60,7 +60,7 @@ __device__ bool fold_all_warps_by_reference(const ScaledSum<float> (&totals)[kWa
     top = fmaxf(top, t[w].m);
   }
   // fmaxf passes over NaN, which fails the window test below.
-  const auto in_window = [&](float m) { return m == -INFINITY || m >= top - 64.f; };
+  const auto in_window = [&](float m) { return m == -INFINITY || m >= top - kTameSpan<float>; };
   bool fits = is_finite(top) && in_window(carry.m);
 #pragma unroll
   for (int w = 0; w < kWarps; ++w) fits = fits && in_window(t[w].m);
@@ -115,7 +115,7 @@ __device__ bool fold_earlier_warps_by_reference(const ScaledSum<float> (&totals)
       nan = nan || is_nan(m);
     }
   }
-  if (nan || !is_finite(top) || low < top - 64.f) {
+  if (nan || !is_finite(top) || low < top - kTameSpan<float>) {
     // Every term empty: the prefix is the carry (the empty run).
     if (!nan && top == -INFINITY) {
       prefix = carry;

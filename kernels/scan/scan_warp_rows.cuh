@@ -65,8 +65,8 @@ __device__ bool warp_exclusive_by_reference(const ScaledSum<float>& v,
   const bool lead_empty = lead.m == -INFINITY;
   const auto all_fit_under = [&](float top) {
     const bool lead_fits =
-        lead_empty || (is_finite(lead.m) && lead.m >= top - 64.f && lead.m <= top);
-    return __all_sync(kAll, lead_fits && is_finite(v.m) && v.m >= top - 64.f && v.m <= top);
+        lead_empty || (is_finite(lead.m) && lead.m >= top - kTameSpan<float> && lead.m <= top);
+    return __all_sync(kAll, lead_fits && is_finite(v.m) && v.m >= top - kTameSpan<float> && v.m <= top);
   };
   float top = fmaxf(lead.m, __shfl_sync(kAll, v.m, 31));
   if (!all_fit_under(top)) {
