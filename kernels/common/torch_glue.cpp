@@ -10,13 +10,17 @@ void check_status(const KernelStatus& status, const char* op, const char* what) 
 }
 
 FloatDtype float_dtype_of(const char* op, const char* name, const at::Tensor& t) {
-  switch (t.scalar_type()) {
+  return float_dtype_of(op, name, t.scalar_type());
+}
+
+FloatDtype float_dtype_of(const char* op, const char* name, at::ScalarType t) {
+  switch (t) {
     case at::kHalf: return FloatDtype::kFloat16;
     case at::kBFloat16: return FloatDtype::kBFloat16;
     case at::kFloat: return FloatDtype::kFloat32;
     case at::kDouble: return FloatDtype::kFloat64;
     default:
-      TORCH_CHECK(false, "baracuda::", op, ": ", name, ".dtype=", t.scalar_type(),
+      TORCH_CHECK(false, "baracuda::", op, ": ", name, ".dtype=", t,
                   " is not supported; use float16, bfloat16, float32 or float64");
   }
   return FloatDtype::kFloat32;

@@ -17,6 +17,8 @@ void check_status(const KernelStatus& status, const char* op, const char* what);
 // The kernels' dtype of tensor `name`, or "baracuda::<op>: <name>.dtype=... is
 // not supported" for anything but float16, bfloat16, float32 and float64.
 FloatDtype float_dtype_of(const char* op, const char* name, const at::Tensor& t);
+// The same for a dtype that tensor `name` would have.
+FloatDtype float_dtype_of(const char* op, const char* name, at::ScalarType t);
 
 // A CUDA launcher's address in CUDA builds, nullptr otherwise, so that CPU
 // builds never reference the CUDA symbols.

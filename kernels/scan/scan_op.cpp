@@ -337,19 +337,6 @@ at::Tensor scan_backward(const at::Tensor& grad, const c10::optional<at::Tensor>
   return dx;
 }
 
-// The kernels' dtype for a float scalar type.
-FloatDtype float_dtype_for(const char* op, at::ScalarType t) {
-  switch (t) {
-    case at::kHalf: return FloatDtype::kFloat16;
-    case at::kBFloat16: return FloatDtype::kBFloat16;
-    case at::kFloat: return FloatDtype::kFloat32;
-    case at::kDouble: return FloatDtype::kFloat64;
-    default: break;
-  }
-  TORCH_CHECK(false, "baracuda::", op, ": dtype=", t, " is not supported");
-  return FloatDtype::kFloat32;
-}
-
 #ifdef BARACUDA_WITH_CUDA
 // The kernel a CUDA scan would run, asked of the launcher's own choice on
 // x's device (the current one for a meta x). Arrays the op allocates, or
@@ -409,7 +396,7 @@ std::string scan_path(const at::Tensor& x, int64_t dim,
   TORCH_CHECK(!(backward && integer), "baracuda::scan_path: an integer scan has no backward");
   if (s.numel() == 0) return "empty";
   if (integer) return "integer";
-  const FloatDtype fd = float_dtype_for(op, out);
+  const FloatDtype fd = float_dtype_of(op, "x", out);
   if (x.is_cpu()) return "host";
 #ifdef BARACUDA_WITH_CUDA
   TORCH_CHECK(x.is_cuda() || at::hasCUDA(), "baracuda::scan_path: kind= names a CUDA kernel, "
