@@ -13,6 +13,7 @@ from . import masks, nn  # noqa: F401
 from .block_sparse_attention import (attention_flops, block_sparse_attention,
                                      block_sparse_attention_path)
 from .fractional_max_pool import fractional_max_pool2d, fractional_max_pool3d
+from .linear_scan import linear_scan
 from .merge import merge_state, merge_state_, merge_states
 from .scan import cummax, cummin, cumprod, cumsum, logcumsumexp, scan_path
 from .write_slice import write_slice, write_slice_, write_slice_at_, write_slice_path
@@ -28,6 +29,7 @@ __all__ = [
     "cumsum",
     "fractional_max_pool2d",
     "fractional_max_pool3d",
+    "linear_scan",
     "logcumsumexp",
     "masks",
     "merge_state",

@@ -118,7 +118,8 @@ def cummin(x: Tensor, dim: int, *, reverse: bool = False):
 def scan_path(x: Tensor, dim: int, kind: Optional[str] = None, *, backward: bool = False,
               reverse: bool = False, dtype: Optional[torch.dtype] = None) -> str:
     """Which CUDA path a scan of ``x`` along ``dim`` takes, and with ``kind``
-    (``"cumsum"``, ..., ``"cummin"``) which kernel that op runs.
+    (``"cumsum"``, ..., ``"cummin"``, ``"linear_scan"``) which kernel that op
+    runs.
 
     Without ``kind``, the path of the shape alone: ``row_groups`` (scan axis
     innermost, rows of at most 1024: a group of 2 to 32 lanes per row),

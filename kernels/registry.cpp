@@ -101,6 +101,15 @@ TORCH_LIBRARY(baracuda, m) {
   m.def("scan_backward(Tensor grad, Tensor? x, Tensor? y, Tensor? indices, int dim, "
         "str kind, bool reverse) -> Tensor",
         {at::Tag::pt2_compliant_tag});
+  // The linear recurrence h_t = a_t h_{t-1} + b_t along dim (h_{-1} = h0, or
+  // zero), and its backward: (da, db) from the gradient of h and the saved
+  // a and h.
+  m.def("linear_scan(Tensor a, Tensor b, int dim, bool reverse=False, Tensor? h0=None) "
+        "-> Tensor",
+        {at::Tag::pt2_compliant_tag});
+  m.def("linear_scan_backward(Tensor grad, Tensor a, Tensor h, Tensor? h0, int dim, "
+        "bool reverse) -> (Tensor, Tensor)",
+        {at::Tag::pt2_compliant_tag});
   // Which CUDA path a scan of x along dim takes (for tests and tuning).
   m.def("scan_path(Tensor x, int dim, str? kind=None, *, bool backward=False, "
         "bool reverse=False, ScalarType? dtype=None) -> str");

@@ -35,7 +35,7 @@ OPS = _tensor_ops()
 def test_every_family_is_listed():
     for name in ("write_slice_", "write_slice", "write_slice_at_", "merge_state", "merge_state_",
                  "merge_states", "merge_state_backward", "merge_states_backward", "cumsum",
-                 "cumprod", "logcumsumexp", "cummax", "cummin", "scan_backward",
+                 "cumprod", "logcumsumexp", "cummax", "cummin", "scan_backward", "linear_scan", "linear_scan_backward",
                  "block_sparse_attention", "block_sparse_attention_backward",
                  "fractional_max_pool", "fractional_max_pool_backward"):
         assert name in OPS
@@ -71,6 +71,7 @@ def _forward_ad_calls(device):
         "cumprod": lambda dual: bt.cumprod(dual(x), 1, dtype=torch.float64),
         "logcumsumexp": lambda dual: bt.logcumsumexp(dual(x), 1),
         "cummax": lambda dual: bt.cummax(dual(x), 1),
+        "linear_scan": lambda dual: bt.linear_scan(x, x, 1, h0=dual(x[:, 0])),
         "fractional_max_pool2d": lambda dual: bt.fractional_max_pool2d(dual(pool), 2, 4),
         "write_slice_": lambda dual: bt.write_slice_(dest.clone(), dual(src), [(0, 4), (1, 3)]),
         "write_slice": lambda dual: bt.write_slice(dual(dest), src, [(0, 4), (1, 3)]),

@@ -36,6 +36,13 @@ KernelStatus forward_for(const ScanForwardArgs& a, Run&& run) {
     case ScanKind::kCumsum: return plain(PlainForward<T, Acc, SumCombine>{});
     case ScanKind::kCumprod: return plain(PlainForward<T, Acc, ProdCombine>{});
     case ScanKind::kLogcumsumexp: return plain(LogcumsumexpForward<T, Acc>{});
+    case ScanKind::kLinear: {
+      LinearScanForward<T, Acc> op;
+      op.a = x;
+      op.b = static_cast<const T*>(a.b);
+      op.h = y;
+      return run(op, a.reverse);
+    }
     case ScanKind::kCummax:
     case ScanKind::kCummin:
       return with_position_type(a.shape, [&](auto pos) {
@@ -51,6 +58,17 @@ KernelStatus forward_for(const ScanForwardArgs& a, Run&& run) {
   return KernelStatus::invalid("unknown scan kind");
 }
 
+// A backward op that reads its neighbours (cumprod's and linear_scan's),
+// with the saved tensors and the axis it walks against the forward.
+template <typename Op, typename T>
+Op with_neighbors(Op op, const GradWithSaved<T>& saved, const ScanBackwardArgs& a) {
+  static_cast<GradWithSaved<T>&>(op) = saved;
+  op.len = a.shape.len;
+  op.scan_reverse = !a.reverse;
+  op.scan_step = a.reverse ? a.shape.inner : -a.shape.inner;
+  return op;
+}
+
 // Every backward scan runs against the forward direction.
 template <typename T, typename Acc, typename Run>
 KernelStatus backward_for(const ScanBackwardArgs& a, Run&& run) {
@@ -63,12 +81,10 @@ KernelStatus backward_for(const ScanBackwardArgs& a, Run&& run) {
       op.src = saved.dy; op.dst = saved.dx;
       return run(op, back);
     }
-    case ScanKind::kCumprod: {
-      CumprodBackward<T, Acc> op;
-      static_cast<GradWithSaved<T>&>(op) = saved;
-      op.len = a.shape.len;
-      op.scan_reverse = back;
-      op.scan_step = back ? -a.shape.inner : a.shape.inner;
+    case ScanKind::kCumprod: return run(with_neighbors(CumprodBackward<T, Acc>{}, saved, a), back);
+    case ScanKind::kLinear: {
+      LinearScanBackward<T, Acc> op = with_neighbors(LinearScanBackward<T, Acc>{}, saved, a);
+      op.db = static_cast<T*>(a.db);
       return run(op, back);
     }
     case ScanKind::kLogcumsumexp: {

@@ -120,7 +120,8 @@ KernelStatus dispatch_integer_scan(const IntegerScanArgs& a, Run&& run) {
     case ScanKind::kCumprod: return arithmetic(IntegerArithmeticScan<true>{});
     case ScanKind::kCummax: return extreme(IntegerExtremeScan<true>{});
     case ScanKind::kCummin: return extreme(IntegerExtremeScan<false>{});
-    case ScanKind::kLogcumsumexp: break;
+    case ScanKind::kLogcumsumexp:
+    case ScanKind::kLinear: break;
   }
   return KernelStatus::invalid("this scan kind has no integer form");
 }

@@ -13,7 +13,7 @@
 
 namespace baracuda {
 
-enum class ScanKind : int { kCumsum, kCumprod, kLogcumsumexp, kCummax, kCummin };
+enum class ScanKind : int { kCumsum, kCumprod, kLogcumsumexp, kCummax, kCummin, kLinear };
 struct ScanShape {
   int64_t outer = 1;
   int64_t len = 0;
@@ -46,12 +46,15 @@ struct ScanWorkspace {
 
 // y = scan(x) along the axis; reverse scans from the last element to the
 // first. cummax / cummin also write int64 indices (original coordinates).
+// kLinear (linear_scan) is the recurrence y_t = x_t y_{t-1} + b_t, y_{-1} = 0,
+// reading b too.
 struct ScanForwardArgs {
   ScanKind kind = ScanKind::kCumsum;
   FloatDtype dtype = FloatDtype::kFloat32;
   ScanShape shape;
   bool reverse = false;
   const void* x = nullptr;
+  const void* b = nullptr;     // kLinear only
   void* y = nullptr;
   int64_t* indices = nullptr;  // cummax / cummin only
   ScanWorkspace workspace;     // CUDA only
@@ -64,6 +67,8 @@ struct ScanForwardArgs {
 //                            linear recurrence R_i = dy_i + x_{i+1} R_{i+1}
 //   logcumsumexp  x, y       dx_i = sum_{j>=i} dy_j exp(x_i - y_j), in logs
 //   cummax/min    indices    dx_i = sum of dy_j over the run idx_j == i
+//   linear        x, y       db_i = R_i, the same R as cumprod's; dx_i = R_i y_{i-1}
+//                            (y_{-1} = 0)
 struct ScanBackwardArgs {
   ScanKind kind = ScanKind::kCumsum;
   FloatDtype dtype = FloatDtype::kFloat32;
@@ -74,6 +79,7 @@ struct ScanBackwardArgs {
   const void* y = nullptr;
   const int64_t* indices = nullptr;
   void* dx = nullptr;
+  void* db = nullptr;  // kLinear only
   ScanWorkspace workspace;
 };
 

@@ -29,10 +29,13 @@
 #include "common/torch_glue.h"
 #include "scan/scan_integer_kernels.h"
 #include "scan/scan_kernels.h"
+#include "scan/scan_op_support.h"
 #include "scan/scan_plan.h"
 
 namespace baracuda {
 namespace {
+
+using namespace scan_op;
 
 const char* kind_name(ScanKind kind) {
   switch (kind) {
@@ -41,117 +44,23 @@ const char* kind_name(ScanKind kind) {
     case ScanKind::kLogcumsumexp: return "logcumsumexp";
     case ScanKind::kCummax: return "cummax";
     case ScanKind::kCummin: return "cummin";
+    case ScanKind::kLinear: return "linear_scan";
   }
   return "?";
 }
 
 ScanKind parse_kind(const char* op, c10::string_view kind) {
   for (ScanKind k : {ScanKind::kCumsum, ScanKind::kCumprod, ScanKind::kLogcumsumexp,
-                     ScanKind::kCummax, ScanKind::kCummin}) {
+                     ScanKind::kCummax, ScanKind::kCummin, ScanKind::kLinear}) {
     if (kind == kind_name(k)) return k;
   }
   TORCH_CHECK(false, "baracuda::", op, ": kind='", std::string(kind),
-              "' must be one of cumsum, cumprod, logcumsumexp, cummax, cummin");
+              "' must be one of cumsum, cumprod, logcumsumexp, cummax, cummin, linear_scan");
   return ScanKind::kCumsum;
-}
-
-// The scan axis of `x` and the [outer, len, inner] view around it. A 0-d
-// tensor scans as one element along dim 0 / -1, as in torch.
-ScanShape scan_shape(const char* op, const at::Tensor& x, int64_t dim) {
-  TORCH_CHECK(x.layout() == at::kStrided, "baracuda::", op, ": x must be a strided tensor");
-  const int64_t rank = x.dim();
-  const int64_t span = rank == 0 ? 1 : rank;
-  TORCH_CHECK(dim >= -span && dim < span, "baracuda::", op, ": dim=", dim,
-              " out of range for a rank-", rank, " tensor");
-  ScanShape s;
-  if (rank == 0) {
-    s.len = 1;
-    return s;
-  }
-  const int64_t d = dim < 0 ? dim + rank : dim;
-  for (int64_t k = 0; k < d; ++k) s.outer *= x.size(k);
-  s.len = x.size(d);
-  for (int64_t k = d + 1; k < rank; ++k) s.inner *= x.size(k);
-  return s;
-}
-
-// Host kernels take float32 / float64: half types are computed in float32.
-bool needs_host_upcast(const at::Tensor& t) {
-  return t.is_cpu() && (t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16);
-}
-
-at::Tensor host_compute(const at::Tensor& t) {
-  return needs_host_upcast(t) ? t.to(at::kFloat).contiguous() : t.contiguous();
-}
-
-// A scan's workspace, allocated on its device when the launch asks for it
-// (ScanWorkspace) and kept until the op returns, after the launch is queued.
-struct WorkspaceOwner {
-  at::TensorOptions options;
-  at::Tensor bytes;
-};
-
-void* allocate_workspace(void* owner, int64_t bytes) {
-  auto* w = static_cast<WorkspaceOwner*>(owner);
-  w->bytes = new_empty({bytes}, w->options.dtype(at::kByte));
-  return w->bytes.data_ptr();
-}
-
-ScanWorkspace workspace_for(const ScanShape& s, WorkspaceOwner& owner) {
-  ScanWorkspace w;
-  if (owner.options.device().is_cpu()) return w;
-  w.allocate = &allocate_workspace;
-  w.owner = &owner;
-  w.bytes = scan_workspace_bytes(s);
-  return w;
-}
-
-// The host engine's lines spread over torch's intra-op threads, in runs of
-// consecutive lines (whole rows, or neighbouring columns) of at least
-// kHostTaskElements elements, so that small scans stay on one thread. Each
-// line is scanned whole by one thread: results do not depend on the thread
-// count.
-constexpr int64_t kHostTaskElements = int64_t(1) << 15;
-
-template <typename Args>
-KernelStatus scan_on_host_threads(const Args& a,
-                                  KernelStatus (*scan_lines)(const Args&, int64_t, int64_t)) {
-  const int64_t lines = a.shape.outer * a.shape.inner;
-  const int64_t grain = std::max<int64_t>(1, kHostTaskElements / std::max<int64_t>(a.shape.len, 1));
-  std::mutex failure_mutex;
-  KernelStatus failure = KernelStatus::ok();
-  at::parallel_for(0, lines, grain, [&](int64_t first, int64_t last) {
-    const KernelStatus st = scan_lines(a, first, last);
-    if (st.is_ok()) return;
-    const std::lock_guard<std::mutex> lock(failure_mutex);
-    if (failure.is_ok()) failure = st;
-  });
-  return failure;
-}
-
-KernelStatus scan_forward_host(const ScanForwardArgs& a) {
-  return scan_on_host_threads(a, &scan_forward_cpu_lines);
-}
-
-KernelStatus scan_backward_host(const ScanBackwardArgs& a) {
-  return scan_on_host_threads(a, &scan_backward_cpu_lines);
 }
 
 KernelStatus scan_integer_host(const IntegerScanArgs& a) {
   return scan_on_host_threads(a, &scan_integer_cpu_lines);
-}
-
-// The fields every launch shares.
-template <typename Args>
-Args launch_args(ScanKind kind, const char* op, const at::Tensor& data, const ScanShape& s,
-                 bool reverse, WorkspaceOwner& workspace) {
-  Args a;
-  a.kind = kind;
-  a.dtype = float_dtype_of(op, "x", data);
-  a.shape = s;
-  a.reverse = reverse;
-  a.workspace = workspace_for(s, workspace);
-  return a;
 }
 
 // ------------------------------------------------------------------ forward
@@ -194,7 +103,7 @@ at::ScalarType scan_dtype(ScanKind kind, const at::Tensor& x,
     return d;
   }
   const at::ScalarType t = x.scalar_type();
-  if (!is_integer(t) || kind == ScanKind::kLogcumsumexp) return t;
+  if (!is_integer(t) || kind == ScanKind::kLogcumsumexp || kind == ScanKind::kLinear) return t;
   if (arithmetic) return at::kLong;
   TORCH_CHECK(t != at::kUInt16 && t != at::kUInt32 && t != at::kUInt64, "baracuda::", op,
               ": x.dtype=", t, " is not supported; use bool, uint8, int8, int16, int32, "
@@ -305,6 +214,8 @@ at::Tensor scan_backward(const at::Tensor& grad, const c10::optional<at::Tensor>
                          c10::string_view kind_str, bool reverse) {
   const char* op = "scan_backward";
   const ScanKind kind = parse_kind(op, kind_str);
+  TORCH_CHECK(kind != ScanKind::kLinear, "baracuda::", op,
+              ": kind='linear_scan' has its own backward op, linear_scan_backward");
   const ScanShape s = scan_shape(op, grad, dim);
   float_dtype_of(op, "grad", grad);
   const bool uses_xy = kind == ScanKind::kCumprod || kind == ScanKind::kLogcumsumexp;
@@ -359,7 +270,7 @@ std::string cuda_kernel_name(const at::Tensor& x, ScanKind kind, const ScanShape
   };
   if (!backward) {
     ScanForwardArgs a = described(ScanForwardArgs{});
-    a.x = data;
+    a.x = a.b = data;
     a.y = fresh;
     a.indices = static_cast<int64_t*>(fresh);
     return scan_kernel_name(scan_forward_kernel_cuda(a));
@@ -367,7 +278,7 @@ std::string cuda_kernel_name(const at::Tensor& x, ScanKind kind, const ScanShape
   ScanBackwardArgs a = described(ScanBackwardArgs{});
   a.dy = a.x = a.y = data;
   a.indices = static_cast<const int64_t*>(fresh);
-  a.dx = fresh;
+  a.dx = a.db = fresh;
   return scan_kernel_name(scan_backward_kernel_cuda(a));
 }
 #endif
@@ -392,7 +303,8 @@ std::string scan_path(const at::Tensor& x, int64_t dim,
               "baracuda::scan_path: dtype= is for cumsum and cumprod, not kind='",
               kind_name(kind), "'");
   const at::ScalarType out = scan_dtype(kind, x, dtype);
-  const bool integer = kind != ScanKind::kLogcumsumexp && is_integer(out);
+  const bool integer =
+      kind != ScanKind::kLogcumsumexp && kind != ScanKind::kLinear && is_integer(out);
   TORCH_CHECK(!(backward && integer), "baracuda::scan_path: an integer scan has no backward");
   if (s.numel() == 0) return "empty";
   if (integer) return "integer";

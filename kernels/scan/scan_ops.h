@@ -547,6 +547,30 @@ BHD LogcumsumexpForward<T, Acc, true> with_late_runs(const LogcumsumexpForward<T
   return late;
 }
 
+// linear_scan: h_t = a_t h_{t-1} + b_t with h_{-1} = 0 (the op layer
+// folds a given h0 into b's first position). Element t is the affine map
+// q -> a_t q + b_t; the composition up to t applied to 0 is its shift, h_t.
+// No division anywhere: zeros in a are exact. The tree-shaped joins also
+// form products of a over stretches, so where such a product overflows
+// (|a| > 1 over a long stretch) a result can be NaN where the sequential
+// recurrence, whose h stayed 0 until then, is finite.
+template <typename T, typename Acc>
+struct LinearScanForward : AffineCombine<Acc> {
+  using State = Affine<Acc>;
+  using Storage = T;
+  static constexpr bool kWholeRunIo = true;  // a, b in, h out, at the element
+  const T* a;
+  const T* b;
+  T* h;
+  static constexpr int kInputBytes = 2 * sizeof(T);
+  template <typename F> BHD void for_each_input(F&& f) { f(a), f(b); }
+  template <typename F> BHD void for_each_input(F&& f) const { f(a), f(b); }
+  template <typename F> BHD void for_each_output(F&& f) { f(h); }
+  template <typename F> BHD void for_each_output(F&& f) const { f(h); }
+  BHD State load(int64_t off, int64_t) const { return {to_acc<Acc>(a[off]), to_acc<Acc>(b[off])}; }
+  BHD void store(int64_t off, int64_t, State incl) const { h[off] = from_acc<T>(incl.shift); }
+};
+
 template <typename T, typename Acc, typename Pos, bool kMax>
 struct ExtremeForward : ExtremeCombine<Acc, Pos, kMax> {
   using State = ValueIndex<Acc, Pos>;
@@ -629,6 +653,34 @@ struct CumprodBackward : AffineCombine<Acc>, GradWithSaved<T> {
   }
   BHD void store_with(int64_t off, int64_t, State incl, Aux e) const {
     dx[off] = from_acc<T>(e * incl.shift);
+  }
+  BHD void store(int64_t off, int64_t l, State incl) const {
+    store_with(off, l, incl, aux(off, l));
+  }
+};
+
+// linear_scan backward, for h_t = a_t h_{t-1} + b_t: the gradient g_t
+// reaching h_t is the reverse recurrence g_t = dh_t + a_{t+1} g_{t+1}
+// (forward order), cumprod's R with a for x; db_t = g_t and
+// da_t = g_t h_{t-1}. The load is cumprod's (dy = dh, x = a, y = h); the
+// store reads h at the scan position after it in the backward's order, the
+// forward's h_{t-1}, 0 at the forward's first position (the op layer adds
+// h0's term there). Two outputs, so no whole-run moves.
+template <typename T, typename Acc>
+struct LinearScanBackward : CumprodBackward<T, Acc> {
+  static constexpr bool kWholeRunIo = false;
+  using Base = CumprodBackward<T, Acc>;
+  using typename Base::State;
+  T* db;
+  template <typename F> BHD void for_each_output(F&& f) { f(this->dx), f(db); }
+  template <typename F> BHD void for_each_output(F&& f) const { f(this->dx), f(db); }
+  using Aux = Acc;  // h at the forward's position before (0 at the first)
+  BHD Aux aux(int64_t off, int64_t l) const {
+    return this->last_in_scan(l) ? Acc(0) : to_acc<Acc>(this->y[off + this->scan_step]);
+  }
+  BHD void store_with(int64_t off, int64_t, State incl, Aux h_before) const {
+    this->dx[off] = from_acc<T>(h_before * incl.shift);
+    db[off] = from_acc<T>(incl.shift);
   }
   BHD void store(int64_t off, int64_t l, State incl) const {
     store_with(off, l, incl, aux(off, l));
