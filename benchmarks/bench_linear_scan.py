@@ -107,5 +107,4 @@ def cases(device, quick=False):
                             ours=rotate(ours_fns), peer=rotate(_backward_peer(sets, dim)),
                             peer_name="torch.compile(associative_scan) gradient, written out",
                             **common))
-            del sets
     return out

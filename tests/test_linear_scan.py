@@ -99,8 +99,8 @@ def test_h0_full_and_broadcast(device, dtype, rng):
         for h0_shape in ((4, 24), (24,), (1, 24), (4, 1), ()):
             h0 = torch.randn(h0_shape, generator=rng).to(device)
             h = bt.linear_scan(a, b, 1, reverse=reverse, h0=h0)
-            # The half types round the first step to their dtype: compare
-            # with the loop from that rounded step.
+            # The half types round the first step to their dtype once, well
+            # within their tolerance.
             want = reference(a, b, 1, reverse, h0)
             assert_close_scaled(h, want, dtype)
 

@@ -27,12 +27,15 @@
 
 #include "common/forward_ad.h"
 #include "common/op_handle.h"
+#include "scan/scan_op_support.h"
 
 namespace baracuda {
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
+using scan_op::first_slice;
+using scan_op::scan_axis;
 
 using LinearScanFn = at::Tensor(const at::Tensor&, const at::Tensor&, int64_t, bool,
                                 const std::optional<at::Tensor>&);
@@ -58,25 +61,13 @@ std::optional<at::Tensor> maybe(const at::Tensor& t) {
   return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
 }
 
-// dim within [0, rank) (0 for a 0-d tensor); the op has checked it.
-int64_t axis_of(const at::Tensor& t, int64_t dim) {
-  return t.dim() == 0 ? 0 : (dim < 0 ? dim + t.dim() : dim);
-}
-
-// The slice of t at the position the recurrence starts from.
-at::Tensor first_slice(const at::Tensor& t, int64_t dim, bool reverse) {
-  if (t.dim() == 0) return t;
-  const int64_t d = axis_of(t, dim);
-  return reverse ? t.select_symint(d, t.sym_size(d) - 1) : t.select(d, 0);
-}
-
 // t moved one position along the scan: each position gets the value of the
 // one before it in scan order (`fill` at the first), or with `later` the one
 // after it (`fill` at the last). `fill` has t's shape without dim.
 at::Tensor stepped(const at::Tensor& t, int64_t dim, bool reverse, const at::Tensor& fill,
                    bool later) {
   if (t.dim() == 0) return fill.reshape({});
-  const int64_t d = axis_of(t, dim);
+  const int64_t d = scan_axis(t, dim);
   const c10::SymInt n = t.sym_size(d);
   if (n == 0) return t;
   const at::Tensor edge = fill.unsqueeze(d);
@@ -88,7 +79,7 @@ at::Tensor stepped(const at::Tensor& t, int64_t dim, bool reverse, const at::Ten
 // the axes h0 was broadcast along, in h0's dtype.
 at::Tensor h0_grad(const at::Tensor& x, const at::Tensor& g, const at::Tensor& h0, int64_t dim,
                    bool reverse) {
-  if (x.dim() > 0 && x.sym_size(axis_of(x, dim)) == 0) return at::zeros_like(h0);
+  if (x.dim() > 0 && x.sym_size(scan_axis(x, dim)) == 0) return at::zeros_like(h0);
   const at::Tensor term = first_slice(x, dim, reverse) * first_slice(g, dim, reverse);
   return term.to(h0.scalar_type()).sum_to_size_symint(h0.sym_sizes());
 }

@@ -43,19 +43,6 @@ void check_like(const char* op, const char* name, const at::Tensor& t, const cha
               " but ", ref_name, " is on ", ref.device());
 }
 
-// dim within [0, rank) (0 for a 0-d tensor); scan_shape has checked it.
-int64_t axis_of(const at::Tensor& t, int64_t dim) {
-  return t.dim() == 0 ? 0 : (dim < 0 ? dim + t.dim() : dim);
-}
-
-// The position the recurrence starts from.
-int64_t first_position(const ScanShape& s, bool reverse) { return reverse ? s.len - 1 : 0; }
-
-// The slice of `t` at position p of axis d (t itself when 0-d).
-at::Tensor at_position(const at::Tensor& t, int64_t d, int64_t p) {
-  return t.dim() == 0 ? t : t.select(d, p);
-}
-
 // The type the h0 terms are formed in.
 at::ScalarType term_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
 
@@ -82,7 +69,7 @@ at::Tensor linear_scan(const at::Tensor& a, const at::Tensor& b, int64_t dim, bo
   const ScanShape s = scan_shape(op, a, dim);
   float_dtype_of(op, "a", a);
   check_like(op, "b", b, "a", a);
-  const int64_t d = axis_of(a, dim);
+  const int64_t d = scan_axis(a, dim);
   const at::Tensor h0e = h0.has_value() ? expanded_h0(op, *h0, a, d) : at::Tensor();
   at::Tensor h = new_empty(a.sizes(), a.options());
   if (s.numel() == 0) return h;
@@ -91,10 +78,9 @@ at::Tensor linear_scan(const at::Tensor& a, const at::Tensor& b, int64_t dim, bo
   if (h0e.defined()) {
     // b_0 + a_0 h0 in b's first position, in a copy of b.
     if (bc.is_alias_of(b)) bc = bc.clone();
-    const int64_t p = first_position(s, reverse);
-    at::Tensor first = at_position(bc, d, p);
+    at::Tensor first = first_slice(bc, dim, reverse);
     const at::ScalarType t = term_type(a.scalar_type());
-    first.copy_(at::addcmul(first.to(t), at_position(ac, d, p).to(t), h0e.to(t)));
+    first.copy_(at::addcmul(first.to(t), first_slice(ac, dim, reverse).to(t), h0e.to(t)));
   }
   const bool up = needs_host_upcast(a);
   at::Tensor hc = up ? new_empty(a.sizes(), ac.options()) : h;
@@ -118,7 +104,7 @@ std::tuple<at::Tensor, at::Tensor> linear_scan_backward(const at::Tensor& grad,
   float_dtype_of(op, "grad", grad);
   check_like(op, "a", a, "grad", grad);
   check_like(op, "h", h, "grad", grad);
-  const int64_t d = axis_of(grad, dim);
+  const int64_t d = scan_axis(grad, dim);
   const at::Tensor h0e = h0.has_value() ? expanded_h0(op, *h0, grad, d) : at::Tensor();
   at::Tensor da = new_empty(grad.sizes(), grad.options());
   at::Tensor db = new_empty(grad.sizes(), grad.options());
@@ -141,9 +127,9 @@ std::tuple<at::Tensor, at::Tensor> linear_scan_backward(const at::Tensor& grad,
                                   BARACUDA_CUDA_ONLY(&scan_backward_cuda));
   if (h0e.defined()) {
     // da_0 = db_0 h0: the scan took h_{-1} as zero.
-    const int64_t p = first_position(s, reverse);
     const at::ScalarType t = term_type(grad.scalar_type());
-    at_position(dac, d, p).copy_(at::mul(at_position(dbc, d, p).to(t), h0e.to(t)));
+    const at::Tensor term = at::mul(first_slice(dbc, dim, reverse).to(t), h0e.to(t));
+    first_slice(dac, dim, reverse).copy_(term);
   }
   if (up) {
     da.copy_(dac);

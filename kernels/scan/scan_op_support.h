@@ -37,6 +37,19 @@ inline ScanShape scan_shape(const char* op, const at::Tensor& x, int64_t dim) {
   return s;
 }
 
+// dim within [0, rank) (0 for a 0-d tensor), for a dim scan_shape accepted.
+inline int64_t scan_axis(const at::Tensor& t, int64_t dim) {
+  return t.dim() == 0 ? 0 : (dim < 0 ? dim + t.dim() : dim);
+}
+
+// The slice of `t` at the scan position a scan along dim starts from (its
+// last with reverse); t itself when 0-d. Symbolic sizes stay symbolic.
+inline at::Tensor first_slice(const at::Tensor& t, int64_t dim, bool reverse) {
+  if (t.dim() == 0) return t;
+  const int64_t d = scan_axis(t, dim);
+  return reverse ? t.select_symint(d, t.sym_size(d) - 1) : t.select(d, 0);
+}
+
 // Host kernels take float32 / float64: half types are computed in float32.
 inline bool needs_host_upcast(const at::Tensor& t) {
   return t.is_cpu() && (t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16);
