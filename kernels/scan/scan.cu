@@ -34,12 +34,14 @@ KernelStatus scan_forward_cuda(const ScanForwardArgs& args, void* stream) {
   return scan_on_device(args, stream);
 }
 KernelStatus scan_backward_cuda(const ScanBackwardArgs& args, void* stream) {
+  if (args.kind == ScanKind::kCumsum) return scan_on_device(reverse_cumsum_of(args), stream);
   return scan_on_device(args, stream);
 }
 ScanKernel scan_forward_kernel_cuda(const ScanForwardArgs& args) {
   return kernel_on_device(args);
 }
 ScanKernel scan_backward_kernel_cuda(const ScanBackwardArgs& args) {
+  if (args.kind == ScanKind::kCumsum) return kernel_on_device(reverse_cumsum_of(args));
   return kernel_on_device(args);
 }
 int scan_standing_marks_left_cuda(void* stream, int64_t marks_left) {

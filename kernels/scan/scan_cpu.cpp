@@ -81,6 +81,7 @@ KernelStatus scan_forward_cpu_lines(const ScanForwardArgs& args, int64_t first, 
   return run_host(args, first, last);
 }
 KernelStatus scan_backward_cpu_lines(const ScanBackwardArgs& args, int64_t first, int64_t last) {
+  if (args.kind == ScanKind::kCumsum) return run_host(reverse_cumsum_of(args), first, last);
   return run_host(args, first, last);
 }
 KernelStatus scan_integer_cpu_lines(const IntegerScanArgs& args, int64_t first, int64_t last) {
@@ -92,7 +93,7 @@ KernelStatus scan_forward_cpu(const ScanForwardArgs& args) {
   return run_host(args, 0, all_lines(args.shape));
 }
 KernelStatus scan_backward_cpu(const ScanBackwardArgs& args) {
-  return run_host(args, 0, all_lines(args.shape));
+  return scan_backward_cpu_lines(args, 0, all_lines(args.shape));
 }
 
 }  // namespace baracuda

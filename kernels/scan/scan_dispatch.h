@@ -76,11 +76,8 @@ KernelStatus backward_for(const ScanBackwardArgs& a, Run&& run) {
                                static_cast<const T*>(a.y), static_cast<T*>(a.dx)};
   const bool back = !a.reverse;
   switch (a.kind) {
-    case ScanKind::kCumsum: {
-      CumsumBackward<T, Acc> op;
-      op.src = saved.dy; op.dst = saved.dx;
-      return run(op, back);
-    }
+    case ScanKind::kCumsum:
+      return KernelStatus::invalid("scan: cumsum's backward runs as a cumsum (reverse_cumsum_of)");
     case ScanKind::kCumprod: return run(with_neighbors(CumprodBackward<T, Acc>{}, saved, a), back);
     case ScanKind::kLinear: {
       LinearScanBackward<T, Acc> op = with_neighbors(LinearScanBackward<T, Acc>{}, saved, a);

@@ -83,6 +83,21 @@ struct ScanBackwardArgs {
   ScanWorkspace workspace;
 };
 
+// cumsum's backward is the cumsum of dy in the other direction: the entry
+// points (CUDA and host) run it as that forward scan, on the forward's
+// kernels, so that no kernel is compiled twice for it.
+inline ScanForwardArgs reverse_cumsum_of(const ScanBackwardArgs& a) {
+  ScanForwardArgs f;
+  f.kind = ScanKind::kCumsum;
+  f.dtype = a.dtype;
+  f.shape = a.shape;
+  f.reverse = !a.reverse;
+  f.x = a.dy;
+  f.y = a.dx;
+  f.workspace = a.workspace;
+  return f;
+}
+
 KernelStatus scan_forward_cuda(const ScanForwardArgs& args, void* stream);
 KernelStatus scan_backward_cuda(const ScanBackwardArgs& args, void* stream);
 

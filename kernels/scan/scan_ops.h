@@ -611,13 +611,6 @@ struct GradWithSaved {
   template <typename F> BHD void for_each_output(F&& f) const { f(dx); }
 };
 
-// cumsum: dx (dst) = reverse cumsum of dy (src).
-template <typename T, typename Acc>
-struct CumsumBackward : SumCombine<Acc>, PlainIo<T, Acc> {
-  using State = Acc;
-  using Storage = T;
-};
-
 // cumprod: dx_i = y_{i-1} R_i (y_{-1} = 1), where R_i = sum over j >= i of
 // dy_j x_{i+1} ... x_j is the reverse linear recurrence
 // R_i = dy_i + x_{i+1} R_{i+1} (forward order). In the backward's scan
