@@ -194,6 +194,41 @@ def test_paths():
     assert bt.scan_path(meta(40000, 2048), 0) == "columns"  # too many tile groups
     assert bt.scan_path(meta(32768, 4064), 0) == "columns"  # too much workspace
     assert bt.scan_path(meta(1, 1 << 24), -1) == "long_rows"
+    # Axes past INT32_MAX (64-bit positions) take the general path of their layout.
+    assert bt.scan_path(meta(1, 2**31), -1) == "long_rows"
+    assert bt.scan_path(meta(2**31, 4096), 0) == "columns"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", ["cummax", "cummin"])
+def test_positions_past_int32_max(name):
+    """cummax / cummin along an axis longer than INT32_MAX carry 64-bit
+    positions: x repeats 0..2999, so every index after the first period is the
+    latest position of the period's extreme, and with dy all ones each such
+    position's gradient is the count of positions pointing at it (exact).
+    Checked a slice at a time, in closed form, to hold memory down."""
+    n, period = 2**31 + 4500, 3000
+    if torch.cuda.mem_get_info()[0] < 64 << 30:
+        pytest.skip("needs 64 GiB of free GPU memory")
+    x = (torch.arange(n, device="cuda") % period).float()
+    y, idx = getattr(bt, name)(x, 0)
+    dx = torch.ops.baracuda.scan_backward(torch.ones(n, device="cuda"), None, None, idx, 0,
+                                          name, False)
+    extreme_at = period - 1 if name == "cummax" else 0
+    for first in range(0, n, 1 << 28):
+        pos = torch.arange(first, min(n, first + (1 << 28)), device="cuda")
+        # The latest position at or before each whose x is the period's
+        # extreme (cummax: the first period rises, each its own index).
+        want = (pos - extreme_at).div(period, rounding_mode="floor") * period + extreme_at
+        grad = torch.where(pos % period == extreme_at, (n - pos).clamp(max=period), 0).float()
+        if name == "cummax":
+            want = torch.where(pos < period, pos, want)
+            grad = torch.where(pos < period - 1, 1.0, grad)
+        at = slice(first, first + pos.numel())
+        assert torch.equal(idx[at], want), first
+        assert torch.equal(y[at], (want % period).float()), first
+        assert torch.equal(dx[at], grad), first
 
 
 @pytest.mark.parametrize("name", ALL_OPS)

@@ -121,7 +121,7 @@ LAUNCHED = {
     "strip_tiles": r"::strip_tiles_kernel<.*, (false|\(bool\)0)>",
     "long_strip_tiles": r"::strip_tiles_kernel<.*, (true|\(bool\)1)>",
     "column_tiles": r"::column_tiles_kernel<",
-    "columns": r"::column_scan_kernel<",
+    "columns": r"::column_segment_kernel<",
 }
 
 

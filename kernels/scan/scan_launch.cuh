@@ -514,14 +514,22 @@ __device__ StateOf<Op> walk_column(const Op& op, const ScanShape& s, bool revers
   return carry;
 }
 
+// One segment of a column: its total into the workspace (`store` false), or
+// its scan from the carry the workspace holds (none: the identity). One
+// kernel for both passes, as they share the walk.
 template <typename Op>
 __global__ void __launch_bounds__(kColumnBlock)
-    column_total_kernel(Op op, ScanShape s, bool reverse, int64_t seg_len, StateOf<Op>* ws) {
+    column_segment_kernel(Op op, ScanShape s, bool reverse, int64_t seg_len, StateOf<Op>* ws,
+                          bool store) {
   ColumnSpan span;
   int64_t column;
   if (!column_span(s, seg_len, span, column)) return;
-  ws[int64_t(blockIdx.y) * s.outer * s.inner + column] =
-      walk_column<false>(op, s, reverse, span, op.identity());
+  StateOf<Op>* slot = ws ? ws + int64_t(blockIdx.y) * s.outer * s.inner + column : nullptr;
+  if (!store) {
+    *slot = walk_column<false>(op, s, reverse, span, op.identity());
+    return;
+  }
+  walk_column<true>(op, s, reverse, span, slot ? *slot : op.identity());
 }
 
 template <typename Op>
@@ -550,15 +558,33 @@ __global__ void __launch_bounds__(kColumnBlock)
   }
 }
 
+// Reduce, scan the segments' totals, rescan (scan_plan.h); one pass where
+// the axis is one segment.
 template <typename Op>
-__global__ void __launch_bounds__(kColumnBlock)
-    column_scan_kernel(Op op, ScanShape s, bool reverse, int64_t seg_len, const StateOf<Op>* ws) {
-  ColumnSpan span;
-  int64_t column;
-  if (!column_span(s, seg_len, span, column)) return;
-  const StateOf<Op> carry =
-      ws ? ws[int64_t(blockIdx.y) * s.outer * s.inner + column] : op.identity();
-  walk_column<true>(op, s, reverse, span, carry);
+KernelStatus launch_columns(const Op& op, const ScanShape& s, const ScanPlan& plan, bool reverse,
+                            const ScanWorkspace& workspace, cudaStream_t stream) {
+  using State = StateOf<Op>;
+  const int64_t columns = s.outer * s.inner;
+  const int64_t seg_len = ceil_div(s.len, plan.segments);
+  const dim3 grid(static_cast<unsigned>(ceil_div(columns, kColumnBlock)),
+                  static_cast<unsigned>(plan.segments));
+  if (plan.segments == 1) {
+    column_segment_kernel<<<grid, kColumnBlock, 0, stream>>>(op, s, reverse, seg_len,
+                                                             static_cast<State*>(nullptr), true);
+    return launch_status();
+  }
+  KernelStatus st = KernelStatus::ok();
+  void* words = nullptr;
+  if (!workspace.take(words, st)) return st;
+  State* ws = static_cast<State*>(words);
+  column_segment_kernel<<<grid, kColumnBlock, 0, stream>>>(op, s, reverse, seg_len, ws, false);
+  st = launch_status();
+  if (!st.is_ok()) return st;
+  column_prefix_kernel<<<grid.x, kColumnBlock, 0, stream>>>(op, columns, plan.segments, ws);
+  st = launch_status();
+  if (!st.is_ok()) return st;
+  column_segment_kernel<<<grid, kColumnBlock, 0, stream>>>(op, s, reverse, seg_len, ws, true);
+  return launch_status();
 }
 
 // ---------------------------------------------------------------- column_tiles path
@@ -626,10 +652,8 @@ __global__ void __launch_bounds__(kColumnBlock)
 // ---------------------------------------------------------------- launch
 
 // Whether an op's states carry 64-bit positions: only for axes longer than
-// INT32_MAX (scan_dispatch.h), which neither row_groups (rows of at most
-// kRowGroupMaxLen) nor column_tiles (at most kMaxColumnGroups groups of
-// kGroupTiles tiles) nor strip_tiles (at most kMaxStripTiles short tiles)
-// ever takes, so those paths are not compiled for them.
+// INT32_MAX (scan_dispatch.h), which plan_scan sends to the general
+// long_rows or columns path; only those are compiled for them.
 template <typename State>
 struct WidePositions : std::false_type {};
 template <typename Acc>
@@ -642,107 +666,95 @@ struct WidePositions<KeyedSum<Acc, int64_t>> : std::true_type {};
 // place that chooses, for launch() and for scan_path()'s report.
 template <typename Op>
 ScanKernel choose_kernel(const Op& op, const ScanShape& s, const ScanPlan& plan, bool reverse) {
-  switch (plan.path) {
-    case ScanPath::kEmpty: return ScanKernel::kNone;
-    case ScanPath::kRowGroups:
-      return s.len >= kWarpChunk && warp_rows_fit(op, s) ? ScanKernel::kWarpRows
-                                                         : ScanKernel::kRowGroups;
-    case ScanPath::kRows: return warp_rows_fit(op, s) ? ScanKernel::kWarpRows : ScanKernel::kRows;
-    case ScanPath::kLongRows: {
-      const ScanKernel staged = staged_rows_choice(op, s, reverse);
-      if (staged != ScanKernel::kNone) return staged;
-      return keyed_rows_fit(op, s) ? ScanKernel::kKeyedRows : ScanKernel::kLongRows;
+  if constexpr (WidePositions<StateOf<Op>>::value) {
+    (void)op, (void)s, (void)reverse;
+    return plan.path == ScanPath::kLongRows ? ScanKernel::kLongRows
+           : plan.path == ScanPath::kColumns ? ScanKernel::kColumns
+                                             : ScanKernel::kNone;
+  } else {
+    switch (plan.path) {
+      case ScanPath::kEmpty: return ScanKernel::kNone;
+      case ScanPath::kRowGroups:
+        return s.len >= kWarpChunk && warp_rows_fit(op, s) ? ScanKernel::kWarpRows
+                                                           : ScanKernel::kRowGroups;
+      case ScanPath::kRows:
+        return warp_rows_fit(op, s) ? ScanKernel::kWarpRows : ScanKernel::kRows;
+      case ScanPath::kLongRows: {
+        const ScanKernel staged = staged_rows_choice(op, s, reverse);
+        if (staged != ScanKernel::kNone) return staged;
+        return keyed_rows_fit(op, s) ? ScanKernel::kKeyedRows : ScanKernel::kLongRows;
+      }
+      case ScanPath::kColumnStrips:
+        return staged_strips_fit(with_late_runs(op), s) ? ScanKernel::kStagedStrips
+                                                        : ScanKernel::kColumnStrips;
+      case ScanPath::kStripTiles:
+        return long_strip_tiles_fit<Op>(s, plan) ? ScanKernel::kLongStripTiles
+                                                 : ScanKernel::kStripTiles;
+      case ScanPath::kColumnTiles: return ScanKernel::kColumnTiles;
+      case ScanPath::kColumns: return ScanKernel::kColumns;
     }
-    case ScanPath::kColumnStrips:
-      return staged_strips_fit(with_late_runs(op), s) ? ScanKernel::kStagedStrips
-                                                      : ScanKernel::kColumnStrips;
-    case ScanPath::kStripTiles:
-      return long_strip_tiles_fit<Op>(s, plan) ? ScanKernel::kLongStripTiles
-                                               : ScanKernel::kStripTiles;
-    case ScanPath::kColumnTiles: return ScanKernel::kColumnTiles;
-    case ScanPath::kColumns: return ScanKernel::kColumns;
+    return ScanKernel::kNone;
   }
-  return ScanKernel::kNone;
+}
+
+template <typename Op>
+KernelStatus launch_column_tiles(const Op& op, const ScanShape& s, const ScanPlan& plan,
+                                 bool reverse, const ScanWorkspace& workspace,
+                                 cudaStream_t stream) {
+  const unsigned grid = static_cast<unsigned>(plan.tiles * plan.column_blocks);
+  const auto tiles_kernel = s.outer * s.inner < kFewTileColumns ? column_tiles_kernel<Op, 8>
+                                                                : column_tiles_kernel<Op, 1>;
+  return launch_ticketed_tiles<StateOf<Op>>(tiles_kernel, dim3(grid), dim3(kColumnBlock),
+                                            workspace, plan.tile_ws, stream, op, s, reverse,
+                                            plan.tiles, plan.groups, plan.column_blocks);
 }
 
 template <typename Op>
 KernelStatus launch(const Op& op, const ScanShape& s, bool reverse,
                     const ScanWorkspace& workspace, cudaStream_t stream) {
-  using State = StateOf<Op>;
-  static_assert(sizeof(State) <= kWorkspaceSlotBytes, "scan state larger than a workspace slot");
+  static_assert(sizeof(StateOf<Op>) <= kWorkspaceSlotBytes,
+                "scan state larger than a workspace slot");
   const ScanPlan plan = plan_scan(s);
   const ScanKernel kernel = choose_kernel(op, s, plan, reverse);
-  // Row groups, column tiles and strip tiles never take an axis long enough
-  // for 64-bit positions, and are not compiled for them.
-  if constexpr (WidePositions<State>::value) {
-    if (kernel == ScanKernel::kRowGroups || kernel == ScanKernel::kColumnTiles ||
-        kernel == ScanKernel::kStripTiles || kernel == ScanKernel::kLongStripTiles) {
-      return KernelStatus::invalid("scan: a short-axis kernel with 64-bit positions");
+  if (plan.path == ScanPath::kEmpty) return KernelStatus::ok();
+  if constexpr (WidePositions<StateOf<Op>>::value) {
+    if (kernel == ScanKernel::kLongRows) return launch_long_rows(op, s, reverse, workspace, stream);
+    if (kernel == ScanKernel::kColumns) {
+      return launch_columns(op, s, plan, reverse, workspace, stream);
     }
-  }
-  switch (kernel) {
-    case ScanKernel::kNone: return KernelStatus::ok();
-    case ScanKernel::kRowGroups:
-      if constexpr (!WidePositions<State>::value) return launch_row_groups(op, s, reverse, stream);
-      break;
-    case ScanKernel::kWarpRows: return launch_warp_rows(op, s, reverse, stream);
-    case ScanKernel::kRows: return launch_rows(op, s, reverse, stream);
-    case ScanKernel::kLongRows: return launch_long_rows(op, s, reverse, workspace, stream);
-    case ScanKernel::kStagedRows:
-    case ScanKernel::kStagedExtremes:
-    case ScanKernel::kStagedCumprodGrad:
-    case ScanKernel::kStagedLogcumsumexpGrad:
-      return launch_staged_rows(op, s, reverse, workspace, stream);
-    case ScanKernel::kSwizzledRuns: return launch_swizzled_runs(op, s, reverse, workspace, stream);
-    case ScanKernel::kSwizzledLogcumsumexpGrad:
-      return launch_swizzled_grad(op, s, reverse, workspace, stream);
-    case ScanKernel::kKeyedRows: return launch_keyed_rows(op, s, reverse, workspace, stream);
-    case ScanKernel::kColumnStrips:
-      return launch_column_strips(with_late_runs(op), s, plan.strips_per_outer, reverse, stream);
-    case ScanKernel::kStagedStrips:
-      return launch_staged_strips(with_late_runs(op), s, reverse, stream);
-    case ScanKernel::kStripTiles:
-    case ScanKernel::kLongStripTiles:
-      if constexpr (!WidePositions<State>::value) {
+    return KernelStatus::invalid("scan: 64-bit positions on a path not compiled for them");
+  } else {
+    switch (kernel) {
+      case ScanKernel::kNone: return KernelStatus::ok();
+      case ScanKernel::kRowGroups: return launch_row_groups(op, s, reverse, stream);
+      case ScanKernel::kWarpRows: return launch_warp_rows(op, s, reverse, stream);
+      case ScanKernel::kRows: return launch_rows(op, s, reverse, stream);
+      case ScanKernel::kLongRows: return launch_long_rows(op, s, reverse, workspace, stream);
+      case ScanKernel::kStagedRows:
+      case ScanKernel::kStagedExtremes:
+      case ScanKernel::kStagedCumprodGrad:
+      case ScanKernel::kStagedLogcumsumexpGrad:
+        return launch_staged_rows(op, s, reverse, workspace, stream);
+      case ScanKernel::kSwizzledRuns:
+        return launch_swizzled_runs(op, s, reverse, workspace, stream);
+      case ScanKernel::kSwizzledLogcumsumexpGrad:
+        return launch_swizzled_grad(op, s, reverse, workspace, stream);
+      case ScanKernel::kKeyedRows: return launch_keyed_rows(op, s, reverse, workspace, stream);
+      case ScanKernel::kColumnStrips:
+        return launch_column_strips(with_late_runs(op), s, plan.strips_per_outer, reverse,
+                                    stream);
+      case ScanKernel::kStagedStrips:
+        return launch_staged_strips(with_late_runs(op), s, reverse, stream);
+      case ScanKernel::kStripTiles:
+      case ScanKernel::kLongStripTiles:
         return launch_strip_tiles(op, s, plan, kernel == ScanKernel::kLongStripTiles, reverse,
                                   workspace, stream);
-      }
-      break;
-    case ScanKernel::kColumnTiles:
-      if constexpr (!WidePositions<State>::value) {
-        const unsigned grid = static_cast<unsigned>(plan.tiles * plan.column_blocks);
-        const auto tiles_kernel = s.outer * s.inner < kFewTileColumns
-                                      ? column_tiles_kernel<Op, 8>
-                                      : column_tiles_kernel<Op, 1>;
-        return launch_ticketed_tiles<State>(tiles_kernel, dim3(grid), dim3(kColumnBlock),
-                                            workspace, plan.tile_ws, stream, op, s, reverse,
-                                            plan.tiles, plan.groups, plan.column_blocks);
-      }
-      break;
-    case ScanKernel::kColumns: {
-      const int64_t columns = s.outer * s.inner;
-      const int64_t seg_len = ceil_div(s.len, plan.segments);
-      const dim3 grid(static_cast<unsigned>(ceil_div(columns, kColumnBlock)),
-                      static_cast<unsigned>(plan.segments));
-      if (plan.segments == 1) {
-        column_scan_kernel<<<grid, kColumnBlock, 0, stream>>>(op, s, reverse, seg_len, nullptr);
-        return launch_status();
-      }
-      KernelStatus st = KernelStatus::ok();
-      void* words = nullptr;
-      if (!workspace.take(words, st)) return st;
-      State* ws = static_cast<State*>(words);
-      column_total_kernel<<<grid, kColumnBlock, 0, stream>>>(op, s, reverse, seg_len, ws);
-      st = launch_status();
-      if (!st.is_ok()) return st;
-      column_prefix_kernel<<<grid.x, kColumnBlock, 0, stream>>>(op, columns, plan.segments, ws);
-      st = launch_status();
-      if (!st.is_ok()) return st;
-      column_scan_kernel<<<grid, kColumnBlock, 0, stream>>>(op, s, reverse, seg_len, ws);
-      return launch_status();
+      case ScanKernel::kColumnTiles:
+        return launch_column_tiles(op, s, plan, reverse, workspace, stream);
+      case ScanKernel::kColumns: return launch_columns(op, s, plan, reverse, workspace, stream);
     }
+    return KernelStatus::invalid("scan: unknown kernel");
   }
-  return KernelStatus::invalid("scan: unknown kernel");
 }
 
 }  // namespace

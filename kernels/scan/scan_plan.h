@@ -189,6 +189,10 @@ struct ScanPlan {
 inline ScanPlan plan_scan(const ScanShape& s) {
   ScanPlan p;
   if (s.numel() == 0) return p;
+  // An axis past INT32_MAX positions, where cummax / cummin carry 64-bit
+  // positions (scan_dispatch.h), takes its layout's general path; no
+  // specialisation is compiled for 64-bit positions (choose_kernel).
+  const bool wide = s.len > INT32_MAX;
   if (s.inner == 1 && s.len <= kRowGroupMaxLen) {
     p.path = ScanPath::kRowGroups;
     return p;
@@ -196,7 +200,7 @@ inline ScanPlan plan_scan(const ScanShape& s) {
   if (s.inner == 1) {
     const int64_t tiles = (s.len + kTileLen - 1) / kTileLen;
     // A few long rows would leave most SMs idle with one block per row.
-    if (tiles >= 2 && s.outer * 4 < kTargetThreads / kScanBlock) {
+    if (wide || (tiles >= 2 && s.outer * 4 < kTargetThreads / kScanBlock)) {
       p.path = ScanPath::kLongRows;
       const int64_t groups = (tiles + kGroupTiles - 1) / kGroupTiles;
       p.workspace_bytes = kLongRowsCounterBytes + s.outer * (tiles + groups) * kFlaggedSlotBytes;
@@ -210,7 +214,7 @@ inline ScanPlan plan_scan(const ScanShape& s) {
   const int64_t strips_per_outer = (s.inner + kStripWidth - 1) / kStripWidth;
   const bool strip_lanes_filled =
       s.inner > 1 && s.inner * 4 >= strips_per_outer * kStripWidth * 3;
-  if (strip_lanes_filled && s.outer * strips_per_outer >= kMinStrips) {
+  if (strip_lanes_filled && s.outer * strips_per_outer >= kMinStrips && !wide) {
     p.path = ScanPath::kColumnStrips;
     p.strips_per_outer = strips_per_outer;
     return p;
