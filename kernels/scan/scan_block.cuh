@@ -134,8 +134,8 @@ struct HasPlainIo<Op, std::enable_if_t<Op::kPlainIo>> : std::true_type {};
 // empty lanes up to it stays the identity, as the joins would leave it,
 // rather than (M, 0); without, an empty lane sends the warp to the joins. The
 // block scans leave it off: their lanes are rarely empty (a row's tail, a
-// stretch of -inf), and the ballot cost float32 logcumsumexp forward on
-// rows 3.5 % (H100, [4096, 8192]: 104.3 -> 108.0 us).
+// stretch of -inf), and the ballot made float32 logcumsumexp forward on
+// rows a few percent slower.
 template <int kWidth, bool kEmptyLanes = false, typename T>
 __device__ bool warp_scan_by_reference(T&) {
   return false;
@@ -175,9 +175,9 @@ constexpr bool kScansByReference<ScaledSum<float>> = true;
 // with padding. cub moves a value as 4-byte words of its bytes, padding
 // included; for ValueIndex<double, int32_t> (12 bytes of members in 16) the
 // compiler then rebuilt the members byte by byte: a 32-lane scan of them
-// took 656 instructions where member by member takes 368 (sm_90a), and
-// float64 cummax forward on [65536, 256] along dim -1 ran 268 -> 177 us on
-// H100. States without padding move whole, as before.
+// took nearly twice the instructions it takes member by member, and
+// float64 cummax forward ran much slower. States without padding move
+// whole, as before.
 template <typename T, typename F>
 __device__ T by_members(const T& v, F&& move) {
   return move(v);
@@ -306,8 +306,7 @@ struct Line {
 // Calls f(op), or, where none of scan positions [first, last] is the first
 // or the last of an axis of `len`, f on a copy of op told so (`interior`,
 // scan_ops.h): an op that reads its neighbours then skips its tests of the
-// axis ends (bfloat16 cumprod backward along dim -1 of [4096, 8192], H100:
-// 222 -> 186 us).
+// axis ends (measured faster on cumprod backward).
 template <typename Op, typename F>
 __device__ void with_interior_hint(const Op& op, int64_t first, int64_t last, int64_t len,
                                    F&& f) {
@@ -368,11 +367,9 @@ struct LineWalk {
 // Whether an op's run loops take a path of their own for whole runs
 // (LineWalk::for_each_valid). Under register pressure the compiler rebuilt
 // the per-element test's 64-bit operands at every element, about 15 integer
-// instructions each: bfloat16 logcumsumexp backward along dim 0 of
-// [4096, 8192] issued 82 instructions an element, and the path took it from
-// 138 to 112 us on H100 (the forward 78 -> 68). The other ops ran 1-4 %
-// slower with the larger code (bfloat16 cumprod backward 109 -> 113 us,
-// cummax forward 166 -> 169), so they keep the one loop.
+// instructions each; the path made logcumsumexp, backward and forward,
+// much faster. The other ops ran slightly slower with the larger code, so
+// they keep the one loop.
 template <typename Op>
 constexpr bool kWholeRunPath = HasRunScan<Op>::value;
 

@@ -14,20 +14,14 @@
 // each tile whose leading run goes on from the tiles before: the tile's own
 // sum joined after the carry, rounded once.
 //
-// Measured on H100 (launcher timer, benchmarks/RESULTS.md), [1, 16M], µs:
-// the long_rows kernel took 135 (float32) and 129 (bfloat16), and 101 and
-// 115 with its look-back taken out (results wrong). These kernels, with
-// each thread's keys read straight from memory: 116.5 and 98.8 (the fix-up
-// reading its records one at a time), 118.8 and 101.7 (eight at a time);
-// with the keys through shared memory and the fix-up's first 16 records
-// kept in registers: 108.7 and 87.9, a row of 16M 8-9 us slower than four
-// rows of 4M (100.7, 79.2). That was the fix-up: its records, read as four
-// 4-byte loads each, every load 256 bytes from the next thread's, took it
-// 17.5 us on a row of 16M (4096 records) and 7.0 on rows of 4M (ncu, warm
-// L2, bfloat16). With 16-byte records read in one load each, as now:
-// 102.4 and 81.6 on [1, 16M], 99.7 and 78.4 on [4, 4M]. (A fix-up whose
-// warps each scanned chunks of 32 records loaded coalesced took 14 us on
-// either shape, and [4, 4M] ran 5-6 us slower: not kept.)
+// The long_rows kernel spent a good part of its time in its look-back;
+// these kernels measured faster, more so with the keys through shared
+// memory and the fix-up's first 16 records kept in registers. A fix-up
+// reading its records as four 4-byte loads each, every load 256 bytes from
+// the next thread's, made one long row slower than several shorter ones;
+// 16-byte records, read in one load each as now, close most of that gap.
+// (A fix-up whose warps each scanned chunks of 32 records loaded coalesced
+// measured slower on several rows: not kept.)
 #pragma once
 
 #include <cstdint>
@@ -103,9 +97,9 @@ struct KeyedTile {
   // The warp's keys pass through shared memory (`stage`, kKeyedTileLen / 2
   // vectors a block): read straight, each thread's 128 bytes at 128 bytes
   // from the next thread's, every load touched 32 cache lines, and the L1
-  // pipe ran 96 % busy (bfloat16 [1, 16M], H100). Read coalesced, written
-  // to shared memory each thread's run together with its vectors' order
-  // rotated by the run (no bank conflicts either way), read back by run.
+  // pipe ran nearly saturated. Read coalesced, written to shared memory
+  // each thread's run together with its vectors' order rotated by the run
+  // (no bank conflicts either way), read back by run.
   __device__ void load_keys(const Op& op, uint4* stage, int64_t (&keys)[R]) const {
     constexpr int V = R / 2;  // a run's vectors of keys
     const int lane = threadIdx.x % 32;

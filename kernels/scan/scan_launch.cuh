@@ -84,11 +84,9 @@ __global__ void __launch_bounds__(kScanBlock, kRowsBlocksPerSm<Op>)
     if constexpr (kMayLoadDirect<Op>) {
       if (chunks_go_direct(op, line)) {
         // A whole run is 16 bytes per input array, 4 registers each: the
-        // next chunk's are fetched before this one is scanned. H100, bfloat16
-        // along dim -1 of [4096, 8192]: cummax 197 us striped, 172 loaded
-        // whole, 151 with the fetch ahead; logcumsumexp backward 193 us
-        // striped, 112 moved whole with the fetch ahead; cumprod backward
-        // 186 striped, 97 moved whole with its neighbours.
+        // next chunk's are fetched before this one is scanned. Runs loaded
+        // whole ran faster than striped loads, and faster again with the
+        // fetch ahead; the backward ops nearly twice as fast.
         const int64_t lead = int64_t{threadIdx.x} * kScanItems;
         WholeRun<Op> next = fetch_whole_run<kScanItems>(op, line, lead);
         for (int64_t chunk = 0; chunk < len; chunk += kRowChunk) {
@@ -268,10 +266,9 @@ KernelStatus launch_staged_tiles(const Tiles& tiles_of, int64_t rows,
   // The stream's standing slots where it has them (no workspace is
   // allocated); else the workspace, zeroed by a memset rather than
   // launch_behind_zeroing: a cooperative launch does not start early
-  // behind a kernel (H100, [1, 16M] float32: 58.1 us with either), and a
-  // plain one that did (56.0 us) could not promise that every block is
-  // resident, which the tiles striped by block index need
-  // (benchmarks/RESULTS.md).
+  // behind a kernel (as fast with either), and a plain one that did
+  // (slightly faster) could not promise that every block is resident,
+  // which the tiles striped by block index need.
   StandingLease lease;  // held until the launch is queued
   uint64_t mark = kZeroedSlotsMark;
   void* slot_words = nullptr;
@@ -333,10 +330,9 @@ inline int64_t block_shared_limit() {
 // an SM, a device that lets a block hold their stages (about 100 KiB:
 // compute capability 9.0 parts give a block 227, some others about 100),
 // and a driver that describes tensor maps. The caller has checked the rest
-// of the staged rows' conditions. Fewer, larger tiles leave SMs idle: H100,
-// launcher timer, logcumsumexp forward, bfloat16 [1, 1M] (64 tiles) took
-// 12.2 us against 10.8 on the unswizzled tiles, [1, 4M] (256) 18.0 against
-// 20.4.
+// of the staged rows' conditions. Fewer, larger tiles leave SMs idle: with
+// fewer tiles than SMs the swizzled tiles ran slower than the unswizzled
+// ones, with about two an SM faster.
 template <typename T, typename Forward>
 bool swizzled_tiles_fit(const ScanShape& s) {
   if (s.len * int64_t{sizeof(T)} % kSwizzleLineBytes != 0) return false;

@@ -81,8 +81,7 @@ constexpr Acc kTameSpan = Acc(64);
 // log(s) for s > 0 of moderate size (a sum of weights, never subnormal). On
 // the GPU (float): log2 by the bare instruction (absolute error ~2^-22), in
 // its flush-to-zero form (the other form tests for subnormal inputs and
-// scales them, at every call), times ln 2. H100, float32 logcumsumexp
-// forward along dim -1 of [4096, 8192]: 110 -> 108 us.
+// scales them, at every call), times ln 2 (measured faster).
 BHD inline float log_of(float s) {
 #ifdef __CUDA_ARCH__
   float log2_s;
@@ -183,11 +182,9 @@ BHD inline double exp_below_for(double x, double hi) {
 // = 6e-7 relative (a weighted mean over its terms; far terms weigh
 // little), where the instruction's own error is about 2^-22. That skips the
 // correction exp_nonpositive makes for a lone result, five instructions a
-// weight. (H100, launcher timer, float32 logcumsumexp forward,
-// [4096, 8192]: 107.3 -> 105.3 us along dim -1, 113.0 -> 112.0 along dim 0;
-// with no span limit, 103.8 and 111.7.) Wider runs, and every other type,
-// take exp_below_for: a wide run's results near its start already carry the
-// rounding of log(S) (up to 64 x 2^-24,
+// weight (measured faster; with no span limit, faster still). Wider runs,
+// and every other type, take exp_below_for: a wide run's results near its
+// start already carry the rounding of log(S) (up to 64 x 2^-24,
 // test_logcumsumexp_float32_rising_runs_near_zero), and bare weights would
 // add as much again.
 constexpr float kBareWeightSpan = 8.f;
@@ -256,8 +253,8 @@ struct LogAddExpCombine {
 // runs for positive and negative terms. m = -inf is the empty run (the
 // identity); +inf absorbs everything but NaN; NaN propagates.
 // The logcumsumexp forward keeps the scalar log-domain state: with this
-// two-word state, four of its five H100 benchmark rows were slower (float32
-// dim 0 of [4096, 8192]: 424 against 341 us), while the backward ran 2x faster.
+// two-word state it measured slower on most shapes, while the backward ran
+// twice as fast.
 template <typename Acc>
 struct ScaledSum {
   Acc m;
@@ -391,27 +388,21 @@ struct PlainForward : Combine<Acc>, PlainIo<T, Acc> {
 // engine puts past the end of a row) adds nothing: its total is the
 // identity and each of its results the prefix's, as the joins give
 // them, but at many times a tame run's cost once unrolled over a long
-// run. H200, launcher timer, every other stretch of 65536
-// positions -inf (SCAN_X=masked), us, joins -> this: bfloat16 [4096, 8192]
-// along dim -1 90.0 -> 59.7, [1048576, 16] 36.4 -> 29.8; float32
-// [4096, 8192] 105.0 -> 94.6, [1, 16M] 55.8 -> 48.0 (benchmarks/RESULTS.md).
+// run (on masked input this measured faster than the joins).
 // With kLateRuns, a run that starts with -inf and is tame from its lead,
 // its first element that is not -inf (a masked stretch ends inside it),
 // is weighed as a tame run whose first element is the lead: the -inf
 // before it weigh 0, so a running sum is 0 before the lead and at least
 // e^-64 from it on, and the results before it are the prefix's. Without
 // it such runs take the joins, up to 64 of them in the fold and again in
-// the scan. Only the column strips take kLateRuns (with_late_runs): there,
-// with every other stretch of 1000 positions -inf, [4096, 8192] along
-// dim 0 went 141 -> 87 us (float32) and 112 -> 55 (bfloat16), unmasked
-// rows within 0.9 us. Given to every engine, it cost unmasked float32
-// rows along dim -1 1.2 us and [1, 16M] 0.6-1.2, and of the row engines
-// only float32 long rows gained on masked input (H200, RESULTS.md).
+// the scan. Only the column strips take kLateRuns (with_late_runs): there
+// it ran much faster on masked input and about as fast on unmasked. Given to
+// every engine, it slowed unmasked float32 rows, and of the row engines
+// only float32 long rows gained on masked input.
 // Other runs (+inf, a first element NaN or far below hi, a NaN before the
 // lead) take the joins. Which way a run goes depends on its data alone,
-// so results stay bit-reproducible. (H100, [4096, 8192] bfloat16 along
-// dim 0: testing the first element rather than every element's span took
-// 61.4 -> 60.1 us.)
+// so results stay bit-reproducible. (Testing the first element rather
+// than every element's span measured faster.)
 //
 // The runs' totals are joined (across threads, warps, blocks and tiles) as
 // scaled sums (TotalCombine): a join costs one exp where log_add_exp costs

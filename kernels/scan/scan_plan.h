@@ -112,16 +112,10 @@ constexpr int kStripBlock = 256;  // threads of a strip block
 // Strips from which a block walking each (column_strips) beats a block per
 // strip step (strip_tiles): about one per SM of a large GPU. Below, a
 // strip's walk, one step after another, is the whole kernel's time, while
-// strip_tiles' time grows with the strips. H200, launcher timer, strip_tiles
-// -> column_strips, us: [1, 2048, 4096] along dim 1 (128 strips), bfloat16
-// cumprod backward 92.0 -> 53.2, logcumsumexp backward 80.8 -> 49.7,
-// float32 cumsum 31.2 -> 22.3; [1, 2048, 7000] (219 strips), bfloat16
-// cumprod backward 147.7 -> 57.7. Four ops of 20 lose at 128 strips:
-// float32 cummax / cummin forward (65.5 -> 72.4) and bfloat16 cummax /
-// cummin backward (60.4 -> 73.2; 63.3 since two-byte strips walk one a
-// block where they are few, launch_strips), which walk their strips
-// slowest; one at 219 (float32 logcumsumexp backward, 119.8 -> 130.3). At
-// 96 strips six lose even so, up to 1.34x (benchmarks/RESULTS.md).
+// strip_tiles' time grows with the strips. From here column_strips ran much
+// faster for most ops; four of 20 lost at 128 strips (float32 cummax /
+// cummin forward, bfloat16 cummax / cummin backward, which walk their
+// strips slowest) and one at 219. At 96 strips six lost, by up to a third.
 constexpr int64_t kMinStrips = 128;
 
 // strip_tiles: a tile is a strip step, kStripBlock / 32 warps of
@@ -130,10 +124,7 @@ constexpr int64_t kMinStrips = 128;
 // workspace for the shortest step any op takes (four positions a warp), and
 // takes the path for axes of at most kMaxStripTiles such tiles. A tile
 // reads every earlier tile's totals of its strip (eight at a time), so the
-// axis stays short. H200, launcher timer, against column_tiles, us:
-// [16, 2048, 64] along dim 1, float32 cumsum 21.5 -> 12.6, cummax backward
-// 41.7 -> 27.2, bfloat16 logcumsumexp forward 34.2 -> 13.3; [4096, 96]
-// along dim 0, float32 cummax backward 23.9 -> 15.3 (benchmarks/RESULTS.md).
+// axis stays short. (Measured faster than column_tiles on such shapes.)
 constexpr int64_t kStripTileMinLen = (kStripBlock / 32) * 4;
 constexpr int64_t kMaxStripTiles = 128;
 
@@ -141,8 +132,7 @@ constexpr int kColumnTileRows = 16;
 // Few enough groups that a tile's in-order prefix stays short. (Fewer
 // columns than a block has threads leave some idle, but the columns path
 // does worse there: three launches, and a walk over every segment's total
-// in one thread per column. H100, [4096, 96] along dim 0, float32, µs:
-// cumsum 17.3 -> 14.0, cummax backward 47.6 -> 26.1.)
+// in one thread per column.)
 constexpr int64_t kMaxColumnGroups = 64;
 // Its per-column tile totals cost a slot per kColumnTileRows elements; past
 // this much workspace the three-pass columns path (a few slots per column)

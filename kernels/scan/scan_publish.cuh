@@ -269,10 +269,8 @@ __device__ StateOf<Op> fold_published(const Op& op, const FlaggedState<StateOf<O
 
 // The in-order fold of one value per lane of a warp, in every lane. Scaled
 // sums go by reference where they can: five joins cost an exp and a dozen
-// branches each (H100, launcher timer, [1, 16M], with join_prefix_folds'
-// below: staged logcumsumexp forward float32 81.8 -> 75.4 us, bfloat16
-// 55.5 -> 54.1; its backward on long_rows float32 191.1 -> 179.7, bfloat16
-// 119.3 -> 111.3).
+// branches each (with join_prefix_folds' below, measured faster on long
+// rows, logcumsumexp forward and backward).
 template <typename Op>
 __device__ StateOf<Op> fold_warp(const Op& op, const StateOf<Op>& v) {
   if constexpr (kScansByReference<StateOf<Op>>) {
@@ -362,7 +360,7 @@ __device__ StateOf<Op> join_warp_folds(const Op& op, const StateOf<Op>& v) {
 // goes depends on the data alone, and the order of the sum is fixed, so
 // results stay bit-reproducible. Against a warp's fold by reference, the
 // eight warps' fold and a join with the lead, it spends one exp a thread
-// and no chain of joins (finish_stride_prefix, benchmarks/RESULTS.md).
+// and no chain of joins (finish_stride_prefix).
 __device__ inline bool join_folds_on_reference(const ScaledSum<float>& lead,
                                                const ScaledSum<float>& v,
                                                ScaledSum<float>& joined) {

@@ -43,12 +43,11 @@ namespace scan {
 // lanes' runs span and every store writes part of each sector it touches.
 // kExchange (the other ops: four- and eight-byte cummax / cummin backward)
 // loads the states striped, element by element, and stores them so, through
-// a warp exchange both ways, whatever the alignment. H100, launcher timer,
-// cummax backward, element by element / kExchange / kIndexedGrad, us:
-// float32 [65536, 256] 115 / 99 / 98, [262144, 64] 116 / 96 / 107;
-// bfloat16 [65536, 256] 123 / 153 / 87, [1048576, 16] 120 / 173 / 94
-// (striped two-byte accesses are 64 bytes a warp instruction)
-// (benchmarks/RESULTS.md).
+// a warp exchange both ways, whatever the alignment. Measured on cummax
+// backward: for float32 kExchange beat element by element and matched or
+// beat kIndexedGrad; for bfloat16 it ran slower than element by element
+// (striped two-byte accesses are 64 bytes a warp instruction), and
+// kIndexedGrad fastest.
 enum class GroupIo { kDirect, kWhole, kWholeInExchangeOut, kIndexedGrad, kExchange };
 
 template <typename Op, typename = void>

@@ -3,11 +3,10 @@
 // slots where it has them (common/standing_slots.h), with no zeroing ahead
 // of it and no workspace; else on the workspace the op allocates, zeroed
 // by a kernel of its own just ahead (common/zeroed_launch.cuh). With the
-// zeroing, queuing a strip_tiles or column_tiles call took 11-16 us of the
-// host's time against 7-10 on the paths with no workspace (H200,
-// tools/scan_host_probe.py). The staged long rows, launched
-// cooperatively, lease their slots themselves (scan_launch.cuh). No torch
-// headers.
+// zeroing, queuing a strip_tiles or column_tiles call took markedly more
+// of the host's time than on the paths with no workspace. The staged long
+// rows, launched cooperatively, lease their slots themselves
+// (scan_launch.cuh). No torch headers.
 #pragma once
 
 #include <cuda_runtime.h>

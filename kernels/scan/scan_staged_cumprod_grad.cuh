@@ -24,16 +24,13 @@
 // prefix is known the run is read again and scanned, and its dx goes out
 // through the stage.
 //
-// Measured on H100 (launcher timer, benchmarks/RESULTS.md), [1, 16M], µs,
-// against the long_rows kernel: float32 132.6-133.2 -> 121.4-122.6,
-// bfloat16 94.9-95.3 -> 68.2-69.0; float32's error against the float64
-// engine 2.1e-3 -> 2.1e-5 (R carried in double, below). Reading the stage
-// in a staggered order, and y past a run from the next thread by a
-// shuffle: float32 121.1-122.9 -> 114.8-116.9, bfloat16 unchanged
-// (68.6-71.4). Slower: float32 tiles of 2048 (eight elements a thread;
-// 130.3-131.3 with three stages, 134.0-135.0 with four); asking for a
-// stage's x and y as soon as the scan has read them, its dy after (float32
-// unchanged, bfloat16 72.7-74.8).
+// Faster than the long_rows kernel, and float32's error against the float64
+// engine 2.1e-3 -> 2.1e-5 on a [1, 16M] row (R carried in double, below).
+// Reading the stage in a staggered order, and y past a run from the next
+// thread by a shuffle, pays for float32 (bfloat16 unchanged). Slower:
+// float32 tiles of 2048 (eight elements a thread, with three stages or
+// four); asking for a stage's x and y as soon as the scan has read them,
+// its dy after (bfloat16; float32 unchanged).
 #pragma once
 
 #include <cstdint>
@@ -54,10 +51,9 @@ struct StagedCumprodGradTiles : StagedGradTiles<Op, kReverse, 2> {
   using Base::Base;
   using Base::op;
   using Base::len;
-  // kStride against kGroups (H100, [1, 16M], launcher timer, RESULTS.md):
-  // float32 110.3-113.6 -> 102.7-107.4 us; bfloat16 63.3-65.2 -> 57.7-58.6
-  // with finish_stride_prefix as written (another form of it took
-  // 62.7-65.8: see there).
+  // kStride rather than kGroups: faster for both element sizes, two-byte
+  // ones with finish_stride_prefix as written (another form of it gained
+  // little: see there).
   static constexpr LookBack kLookBack = LookBack::kStride;
   static constexpr int R = Base::R;                // a run's elements
   static constexpr int kVectors = Base::kVectors;  // and its vectors of each input

@@ -20,16 +20,13 @@
 // warp's turns. A row's last tile in memory, where it is short, is read and
 // written element by element, straight from memory.
 //
-// Measured on H100 (launcher timer, benchmarks/RESULTS.md), cummax forward
-// [1, 16M], µs: the long_rows kernel 150.0 (float32) and 123.4 (bfloat16);
-// these tiles with States all through the run (float32 only) 139.0; with
-// the lead kept as a value and a place, 120.0, and with the prefix's reads
-// sent out before the next tile's fold (kPrefixReads) 112.1-113.3; bfloat16
-// 89.1-90.3 with its positions in four turns of the stage's part, 84.9-86.3
-// with a part of their own. Three blocks per SM (80 registers, up to 40 bytes of
-// spill); at four (64 registers) the scan spilled more and took 290, two
-// were slower again (on an H200: 127.3 at three, 144.7 at two). float64
-// keeps the long_rows kernel.
+// Each step measured faster on cummax forward: these tiles over the
+// long_rows kernel, the lead kept as a value and a place over States all
+// through the run, the prefix's reads sent out before the next tile's fold
+// (kPrefixReads), and two-byte positions in a part of their own over four
+// turns of the stage's part. Three blocks per SM (80 registers, up to 40
+// bytes of spill); at four (64 registers) the scan spilled more and ran far
+// slower, and two were slower too. float64 keeps the long_rows kernel.
 #pragma once
 
 #include <cstdint>
@@ -101,9 +98,8 @@ struct StagedExtremeTiles {
   static constexpr int kBlocksPerSm = 3;  // see the measurements above
   static constexpr int kStages = kStagedStages;
   static constexpr PrefixReads kPrefixReads = PrefixReads::kEarlyShared;  // see above
-  // H100, [1, 16M], launcher timer, cummax forward, kStride against
-  // kGroups: float32 112.3-115.2 -> 105.2-107.2 us; bfloat16 84.5-86.3 ->
-  // 88.4-93.7.
+  // kStride rather than kGroups: faster for float32, slower for two-byte
+  // elements.
   static constexpr LookBack kLookBack = sizeof(T) == 4 ? LookBack::kStride : LookBack::kGroups;
   static constexpr bool kPrefetches = false;
   static constexpr bool kDeferredRequests = false;

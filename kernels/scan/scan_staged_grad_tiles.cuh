@@ -112,18 +112,14 @@ struct StagedGradTiles : GradRuns<Op, kReverse, kStagedGradRunLen> {
   // prefix. Three stages of the other two take 96 KiB a block, two blocks
   // an SM, where three stages of all three would leave one; with two
   // stages, a block asked for a tile only as the scan before it ended, and
-  // waited for it at the next round's start (launcher timer, H100,
-  // float32 [1, 16M], us: cumprod backward 115.6-115.7 -> 109.6-112.5,
-  // logcumsumexp backward 118.6-120.1 -> 112.6-115.1). Two-byte tiles
-  // stage all three: three stages, three blocks.
+  // waited for it at the next round's start (both float32 backward ops ran
+  // faster with the prefetch). Two-byte tiles stage all three: three
+  // stages, three blocks.
   static constexpr bool kPrefetches = sizeof(T) == 4;
-  // Float32 tiles store dx by one bulk copy from the stage (store_dx).
-  // H100, [1, 16M], launcher timer, us: logcumsumexp backward 107.0-107.2
-  // -> 103.1-104.2, cumprod backward 102.3-103.2 -> 100.8-101.5. Two-byte
-  // tiles keep the threads' stores: with the bulk copy their cumprod
-  // backward took 61.7-61.8 rather than 58.0-58.6 (56 bytes of spill at 80
-  // registers rather than 40), logcumsumexp backward 75.1-75.7 rather than
-  // 74.3-74.6.
+  // Float32 tiles store dx by one bulk copy from the stage (store_dx),
+  // measured faster. Two-byte tiles keep the threads' stores: with the bulk
+  // copy both ran slower (cumprod backward spilled 56 bytes at 80 registers
+  // rather than 40).
   static constexpr bool kBulkStores = sizeof(T) == 4;
   static constexpr bool kDeferredRequests = false;
   static constexpr bool kEarlyReadsAfterData = false;
@@ -133,14 +129,12 @@ struct StagedGradTiles : GradRuns<Op, kReverse, kStagedGradRunLen> {
   static constexpr int kBlocksPerSm = sizeof(T) == 2 ? 3 : 2;
   static constexpr int kStages = 3;
   // The early prefix reads' shared copies hold 4 KiB a block: with them,
-  // three blocks of two-byte stages do not fit an SM, and two ran (H100,
-  // cumprod backward, bfloat16 [1, 16M] benchmark row: 69.86 us with them,
-  // 66.50 and 66.37 without). Two-byte tiles hold their copies in registers
-  // (80 of them, up to 12 bytes of spill), three blocks still: launcher
-  // timer, bfloat16 [1, 16M], against reading after the fold, cumprod
-  // backward 65.6-66.6 -> 64.2-64.8 us, logcumsumexp backward 77.9-78.0 ->
-  // 75.7-76.5. (That was one early read a thread; cumprod's two under
-  // kStride spill 40 bytes and are faster still: finish_stride_prefix.)
+  // three blocks of two-byte stages do not fit an SM, and two ran slower
+  // than three without them. Two-byte tiles hold their copies in registers
+  // (80 of them, up to 12 bytes of spill), three blocks still, faster than
+  // reading after the fold. (That was one early read a thread; cumprod's
+  // two under kStride spill 40 bytes and are faster still:
+  // finish_stride_prefix.)
   static constexpr PrefixReads kPrefixReads =
       sizeof(T) == 4 ? PrefixReads::kEarlyShared : PrefixReads::kEarlyRegisters;
   static_assert(kTileLen >= ::baracuda::kTileLen, "the workspace holds a slot per tile");

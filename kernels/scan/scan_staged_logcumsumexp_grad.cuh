@@ -30,12 +30,10 @@
 // power too (exp_nonpositive_for), whose error stays a thousandth of a
 // two-byte step, as their factors' do.
 //
-// Measured on H100 (launcher timer, benchmarks/RESULTS.md), [1, 16M], us,
-// against the staged tiles that joined LogcumsumexpBackward's scaled sums
-// along every run: float32 137.1-137.3 -> 119.5-120.3 (125.1-125.8 with
-// float32's corrected exp), bfloat16 100.0-101.4 -> 77.4-78.0. Slower:
-// float32 folds that left each run's factors and weights in the stage for
-// its scan (126.1-130.3, 128 registers).
+// Faster than staged tiles that joined LogcumsumexpBackward's scaled sums
+// along every run (float32 less so with its corrected exp in the runs).
+// Slower: float32 folds that left each run's factors and weights in the
+// stage for its scan (128 registers).
 //
 // Special values as LogcumsumexpBackward gives them: an element whose y is
 // infinite carries no term (an all -inf prefix; everything after a +inf),
@@ -89,10 +87,8 @@ struct StagedLogcumsumexpGradTiles : Base {
   using Base::op;
   using Base::len;
   static constexpr bool kSwizzled = !std::is_same<TensorMapsOf<Base>, NoTensorMaps>::value;
-  // H100, [1, 16M], launcher timer, kStride against kGroups: float32
-  // 111.7-115.4 -> 106.8-107.4 us; bfloat16 73.8-74.3 -> 78.6-80.5 on
-  // StagedGradTiles, but 65.0-65.6 -> 62.6-62.7 on the swizzled tiles, with
-  // half as many tiles.
+  // kStride rather than kGroups: faster for float32 and on the swizzled
+  // tiles (half as many tiles), slower for two-byte StagedGradTiles.
   static constexpr LookBack kLookBack =
       sizeof(T) == 4 || kSwizzled ? LookBack::kStride : LookBack::kGroups;
   static constexpr int R = Base::R;                // a run's elements
@@ -110,9 +106,9 @@ struct StagedLogcumsumexpGradTiles : Base {
     bool finite;  // every y of the thread's run (a whole tile's) is finite
   };
   // The swizzled tiles keep what the fold found of the run's finiteness
-  // for the scan, which otherwise sums the run's y again (60.4-61.4 us
-  // against 61.9-62.0, scan_staged_swizzled_grad.cuh); the others keep
-  // their measured registers.
+  // for the scan, which otherwise sums the run's y again (measured faster,
+  // scan_staged_swizzled_grad.cuh); the others keep their measured
+  // registers.
   static constexpr bool kMemo = kSwizzled;
   using Fold = std::conditional_t<kMemo, MemoFold, PlainFold>;
 

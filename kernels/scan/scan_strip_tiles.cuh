@@ -94,11 +94,8 @@ __global__ void __launch_bounds__(kStripBlock, kStripTileBlocksPerSm<Op, kLong>)
 }
 
 // Whether an op's strip tiles are long: where the op takes them and there
-// are at least three for every two SMs; strip steps elsewhere. H200 (132
-// SMs), launcher timer, bfloat16, us: cumsum on [1, 4096, 1024] along dim 1
-// (32 strips, 256 long tiles) 20.1 -> 17.6, but on [16, 2048, 64] (32
-// strips, 128 long tiles) 12.1 -> 15.0; cummax forward on [4096, 96] along
-// dim 0 (3 strips, 48 long tiles) 17.5 -> 20.3.
+// are at least three for every two SMs; strip steps elsewhere. Long tiles
+// ran faster at about two an SM, slower at one an SM or fewer.
 template <typename Op>
 bool long_strip_tiles_fit(const ScanShape& s, const ScanPlan& plan) {
   if constexpr (kLongStripTiles<Op>) {

@@ -266,9 +266,9 @@ constexpr int kStagedSmemBytes = kStripStages<Op> * kStagedStepBytes<Op>;
 // of the warp's region of the stage, the inputs one after the other.
 // Two blocks per SM, but one for two columns per lane (their 2 x 16 states
 // spilled in 128 registers). (Two-byte ops once walked two neighbouring
-// strips a block, so that a block's copies covered whole 128-byte rows: on
-// the H200 that was within 4 % of one strip a block on every row of the
-// scan benchmarks.)
+// strips a block, so that a block's copies covered whole 128-byte rows:
+// that ran about as fast as one strip a block on every row of the scan
+// benchmarks.)
 template <typename Op>
 __global__ void __launch_bounds__(kStripBlock, kLaneColumns<Op> == 2 ? 1 : 2)
     staged_strips_kernel(Op op, ScanShape s, bool reverse, int64_t strips_per_outer) {
@@ -294,9 +294,7 @@ __global__ void __launch_bounds__(kStripBlock, kLaneColumns<Op> == 2 ? 1 : 2)
   const int64_t steps = (s.len + kStepLen - 1) / kStepLen;
   // The stage region of the warp for a step in slot `slot` (step % S; the
   // loop counts slots rather than divide the 64-bit step twice a step:
-  // H100, launcher timer, bfloat16 [4096, 8192] along dim 0, us,
-  // logcumsumexp forward 56.1 -> 55.4, cummax backward 152.5 -> 149.5,
-  // cumprod backward 107.9 -> 106.3, the others unchanged).
+  // slightly faster for some bfloat16 ops, the others unchanged).
   const auto region = [&](int slot) {
     return reinterpret_cast<char*>(staged) +
            (slot * kWarps + warp) * kStagedWarpBytes<Op>;
@@ -349,10 +347,9 @@ __global__ void __launch_bounds__(kStripBlock, kLaneColumns<Op> == 2 ? 1 : 2)
             // Inputs of 8 or 16 pieces a row: the stride walk, where only
             // steps at either end of the axis test their rows. (Each
             // address from its position took 275 of float32 logcumsumexp
-            // forward's 1200 instructions a warp and step. H100,
-            // [4096, 8192] along dim 0: float32 cumprod backward 196.4 ->
-            // 192.8 us, logcumsumexp forward 115.0 -> 113.7, bfloat16
-            // cummax backward, whose indices are 8 bytes, 157.5 -> 151.5.)
+            // forward's 1200 instructions a warp and step; the stride walk
+            // ran faster, most for bfloat16 cummax backward, whose indices
+            // are 8 bytes.)
             const bool inside = first >= 0 && first + kSpan <= s.len;
 #pragma unroll
             for (int i = 0; i < (kSpan + kRoundRows - 1) / kRoundRows; ++i) {
@@ -368,9 +365,7 @@ __global__ void __launch_bounds__(kStripBlock, kLaneColumns<Op> == 2 ? 1 : 2)
           } else {
             // Two-byte inputs, 4 pieces a row (8 at two columns a lane):
             // each address from its position. The stride walk with its
-            // tests on every step ran slower here (bfloat16 cumprod
-            // backward 109 -> 115 us, 91 -> 115 registers; logcumsumexp
-            // forward 59.5 -> 61).
+            // tests on every step ran slower here, and took more registers.
             constexpr int kAll = kSpan * kPieces;
 #pragma unroll
             for (int i = 0; i < (kAll + 31) / 32; ++i) {
@@ -428,8 +423,8 @@ __global__ void __launch_bounds__(kStripBlock, kLaneColumns<Op> == 2 ? 1 : 2)
         const int column = j * 32 + lane;
         const int64_t p_end = column0 + column < s.inner ? s.len : 0;
         // Only the axis positions matter here (the view has its own
-        // offsets). (with_interior_hint, which took float32 cumprod
-        // backward from 197 to 194 us, cost bfloat16 111 -> 113.)
+        // offsets). (with_interior_hint, slightly faster for float32
+        // cumprod backward, was slower for bfloat16.)
         LineWalk walk = LineWalk::from<K>(Line{0, 0, s.len, reverse}, first, p_end);
 #pragma unroll
         for (int k = 0; k < K; ++k) cur[j][k] = op.identity();

@@ -1,7 +1,7 @@
 // The CUDA scan kernels' tuning constants, in one place, each with its
-// reason. They were set by measurement on H100 and H200 (the figures are in
-// the history of the files that once held them, and the margins of whole
-// kernels in docs/design/scan.md). The shape plan's thresholds are in
+// reason. They were set by measurement (the figures are in the history of
+// the files that once held them, and the margins of whole kernels in
+// docs/design/scan.md). The shape plan's thresholds are in
 // scan_plan.h; the staged tiles' policies (stages, look-back, bulk stores)
 // are members of their tile types (scan_staged_*.cuh). Included by the
 // kernel files after the op traits (scan_block.cuh). No torch headers.

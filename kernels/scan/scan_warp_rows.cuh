@@ -27,11 +27,9 @@ constexpr int64_t kWarpChunk = int64_t{32} * kScanItems;
 
 // Ops whose runs move whole both ways (kWholeRunIo, scan_ops.h) in one
 // 16-byte vector per array (the two-byte types), and scan their own runs
-// (logcumsumexp): the costly ones. H100, bfloat16 along dim -1 of
-// [4096, 8192], block kernel -> this one (its first form, the direction at
-// run time): logcumsumexp forward 80.4 -> 65.8 us, backward 110.9 -> 102.2;
-// but cumsum 53.8 -> 55.0 us, and cumprod backward (one chunk ahead, 64
-// registers) 96.7 -> 118.
+// (logcumsumexp): the costly ones. Against the block kernel this one ran
+// faster for logcumsumexp, forward and backward, but slower for cumsum and
+// for cumprod backward (one chunk ahead, 64 registers).
 template <typename Op>
 constexpr bool kWarpRowsApply =
     HasRunScan<Op>::value && HasWholeRunIo<Op>::value && kDirectRuns<kScanItems, Op>;
@@ -108,10 +106,8 @@ __device__ void warp_exclusive_scan(const Totals& totals, const StateOf<Totals>&
 // where reversing runs at run time cost a select per element each way and
 // more offset arithmetic; passed at run time to the backward, which reads
 // three arrays and, compiled for the reverse direction it scans, spilled
-// out of 64 registers (H100, bfloat16 along dim -1 of [4096, 8192]: the
-// forward took 61.7 -> 55.2 us with the direction compiled in, the cheaper
-// exps and the one-shuffle M of warp_exclusive_by_reference together; the
-// backward, compiled in, 110.7 us, and 101.3 at run time).
+// out of 64 registers (measured: the forward faster with the direction
+// compiled in, the backward slower).
 template <typename Op>
 constexpr bool kDirectionCompiled = kInputArrays<Op> == 1;
 
