@@ -83,13 +83,13 @@ def header(device, roofline, quick):
 ROUNDS = 5
 
 
-def time_case(case, device):
+def time_case(case, device, with_peer=True):
     """(ours µs, peer µs or None). Graph cases: per call inside a replayed graph.
 
     Ours and the peer are timed in alternating rounds and each reports the
     median of its rounds: host-bound cases (a decode append is mostly launch
     overhead) drift with the machine, and alternating keeps that drift from
-    landing on one side only."""
+    landing on one side only. ``with_peer=False`` times ours alone."""
     if case.graph:
         timer = lambda fn: graph_replay_us(fn, device)  # noqa: E731
     else:
@@ -98,7 +98,7 @@ def time_case(case, device):
     ours, peer = [], []
     for _ in range(ROUNDS):
         ours.append(timer(case.ours))
-        if case.peer is not None:
+        if with_peer and case.peer is not None:
             peer.append(timer(case.peer))
     return statistics.median(ours), statistics.median(peer) if peer else None
 
