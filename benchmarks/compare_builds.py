@@ -15,6 +15,7 @@ for each row, then the lowest ratio and the geometric mean.
 """
 
 import argparse
+import importlib
 import json
 import math
 import os
@@ -30,8 +31,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def child(tree, families, case_filter, quick, out):
     """Times ours of every case in `tree`'s build; writes {row: µs}."""
     sys.path[:0] = [os.path.abspath(tree), HERE]
-    import importlib
-
     import torch
     import baracuda_torch._C as extension
 

@@ -16,10 +16,10 @@ def built_in_place():
     return any((ROOT / "baracuda_torch").glob("_C*"))
 
 
-def compare(base, head, out, *extra):
+def compare(base, head, out):
     return subprocess.run([sys.executable, str(SCRIPT), str(base), str(head), "--quick",
                            "--family", "scan_shapes", "--case", "cumsum fwd", "--passes", "1",
-                           "--out", str(out), *extra],
+                           "--out", str(out)],
                           capture_output=True, text=True, timeout=600)
 
 
@@ -47,4 +47,7 @@ def test_a_tree_without_its_own_build_is_refused(tmp_path):
                     ignore=shutil.ignore_patterns("_C*", "__pycache__"))
     run = compare(ROOT, bare, tmp_path / "table.md")
     assert run.returncode != 0
+    # Refused for its extension: another tree's (an editable install), or none.
+    assert ("compare_builds: the extension came from" in run.stderr
+            or "baracuda_torch._C" in run.stderr or "cannot import name '_C'" in run.stderr), run.stderr
     assert not (tmp_path / "table.md").exists()
